@@ -1,0 +1,11 @@
+"""The Celery application; its settings live in config.settings under CELERY_*."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("gatehouse")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,66 @@
+"""Who may do what: the scopes that API keys carry and that roles grant.
+
+A key carries scopes directly. A person acts through a membership, whose role
+grants scopes; some roles grant a scope for reading only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runs.models import ApiKey, Membership, Role, Scope, Tenant
+
+# role -> (scopes with writes, scopes read-only)
+ROLE_SCOPES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    Role.REVIEWER: (frozenset({Scope.APPROVALS}), frozenset({Scope.RUNS})),
+    Role.COMPLIANCE_OFFICER: (
+        frozenset({Scope.APPROVALS}),
+        frozenset({Scope.RUNS, Scope.AUDIT}),
+    ),
+    Role.AUDITOR: (frozenset(), frozenset({Scope.RUNS, Scope.APPROVALS, Scope.AUDIT})),
+    Role.TENANT_ADMIN: (
+        frozenset({Scope.RUNS, Scope.APPROVALS}),
+        frozenset({Scope.AUDIT}),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller of one request, bound to exactly one tenant."""
+
+    tenant: Tenant
+    write_scopes: frozenset[str]
+    read_scopes: frozenset[str]
+    api_key: ApiKey | None = None
+    membership: Membership | None = None
+    label: str = field(default="")
+
+    @classmethod
+    def for_api_key(cls, api_key: ApiKey) -> Principal:
+        scopes = frozenset(api_key.scopes)
+        return cls(
+            tenant=api_key.tenant,
+            write_scopes=scopes,
+            read_scopes=scopes,
+            api_key=api_key,
+            label=f"key {api_key.prefix}",
+        )
+
+    @classmethod
+    def for_membership(cls, membership: Membership) -> Principal:
+        write, read_only = ROLE_SCOPES[membership.role]
+        return cls(
+            tenant=membership.tenant,
+            write_scopes=write,
+            read_scopes=write | read_only,
+            membership=membership,
+            label=membership.user.get_username(),
+        )
+
+    @property
+    def role(self) -> str | None:
+        return self.membership.role if self.membership else None
+
+    def can(self, scope: str, *, write: bool) -> bool:
+        return scope in (self.write_scopes if write else self.read_scopes)

@@ -1,0 +1,117 @@
+"""The API's one error body: {"code", "message", "fields"?}, for every error."""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(exceptions.APIException):
+    """An error a service raises with a stable machine code, e.g. version_skew."""
+
+    def __init__(self, message: str, *, code: str, status_code: int) -> None:
+        super().__init__(detail=message, code=code)
+        self.status_code = status_code
+
+
+class Conflict(ApiError):
+    def __init__(self, message: str, *, code: str = "conflict") -> None:
+        super().__init__(message, code=code, status_code=status.HTTP_409_CONFLICT)
+
+
+class PayloadTooLarge(ApiError):
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            message, code="payload_too_large", status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+        )
+
+
+_DEFAULT_CODES = {
+    exceptions.ParseError: "parse_error",
+    exceptions.AuthenticationFailed: "authentication_failed",
+    exceptions.NotAuthenticated: "not_authenticated",
+    exceptions.PermissionDenied: "permission_denied",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.Throttled: "throttled",
+    exceptions.ValidationError: "invalid",
+}
+
+
+def error_body(code: str, message: str, fields: dict | None = None) -> dict:
+    body = {"code": code, "message": message}
+    if fields is not None:
+        body["fields"] = fields
+    return body
+
+
+def _flatten(detail) -> object:
+    if isinstance(detail, dict):
+        return {key: _flatten(value) for key, value in detail.items()}
+    if isinstance(detail, list):
+        return [_flatten(item) for item in detail]
+    return str(detail)
+
+
+def exception_handler(exc, context) -> Response | None:
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    elif isinstance(exc, RequestDataTooBig):
+        exc = PayloadTooLarge("The request body is larger than this API accepts.")
+    if not isinstance(exc, exceptions.APIException):
+        return None  # a server fault: Django's 500 handling logs it
+
+    headers = {}
+    if getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = exc.auth_header
+    if getattr(exc, "wait", None):
+        headers["Retry-After"] = str(int(exc.wait))
+
+    code = _DEFAULT_CODES.get(type(exc))
+    if isinstance(exc, exceptions.ValidationError):
+        detail = exc.detail
+        if isinstance(detail, dict):
+            body = error_body(code, "The request has invalid fields.", _flatten(detail))
+        else:
+            messages = _flatten(detail)
+            message = " ".join(messages) if isinstance(messages, list) else str(messages)
+            body = error_body(code, message, {})
+    else:
+        detail = exc.detail
+        if code is None:
+            codes = exc.get_codes()
+            code = codes if isinstance(codes, str) else exc.default_code
+        body = error_body(code, str(detail))
+
+    set_rollback()
+    return Response(body, status=exc.status_code, headers=headers)
+
+
+def json_error(request, code: str, message: str, status_code: int) -> JsonResponse:
+    return JsonResponse(error_body(code, message), status=status_code)
+
+
+def api_not_found(request, *args, **kwargs) -> JsonResponse:
+    return json_error(request, "not_found", "No such endpoint.", 404)
+
+
+def server_error(request, *args, **kwargs):
+    """Django's 500 handler: JSON under /api/, the usual page elsewhere."""
+    if request.path.startswith("/api/"):
+        return json_error(
+            request, "server_error", "Something went wrong on the server.", 500
+        )
+    from django.views.defaults import server_error as html_server_error
+
+    return html_server_error(request)

@@ -1,0 +1,105 @@
+"""The Idempotency-Key header: a retried write returns its first response.
+
+The first request with a key reserves it (a row with no response yet), runs,
+and stores its successful response. A repeat with the same key and the same
+method, path and body gets that response again; with anything else, 409. A
+repeat that arrives while the first is still running also gets 409, and so
+the work is never done twice. Error responses are not stored: the client may
+fix the cause and retry with the same key. Records are kept for
+GATEHOUSE_IDEMPOTENCY_TTL.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rest_framework import exceptions
+from rest_framework.response import Response
+
+from runs.api.errors import Conflict
+from runs.models import IdempotencyRecord
+
+HEADER = "Idempotency-Key"
+MAX_KEY_LENGTH = 255
+
+
+def _request_digest(request) -> str:
+    canonical = json.dumps(request.data, sort_keys=True, separators=(",", ":"), default=str)
+    material = f"{request.method}\n{request.path}\n{canonical}"
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _reserve(*, tenant, key: str, request, digest: str) -> IdempotencyRecord | None:
+    """Reserve the key; None when it was already reserved (a repeat)."""
+    expired_before = timezone.now() - settings.GATEHOUSE_IDEMPOTENCY_TTL
+    IdempotencyRecord.objects.for_tenant(tenant).filter(
+        key=key, created_at__lt=expired_before
+    ).delete()
+    try:
+        with transaction.atomic():
+            return IdempotencyRecord.objects.create(
+                tenant=tenant,
+                key=key,
+                method=request.method,
+                path=request.path[:2000],
+                request_digest=digest,
+            )
+    except IntegrityError:
+        return None
+
+
+def _replay(*, tenant, key: str, digest: str) -> Response:
+    previous = IdempotencyRecord.objects.for_tenant(tenant).filter(key=key).first()
+    if previous is None:  # released between our insert and this read: retryable
+        raise Conflict("That Idempotency-Key is in use; retry.", code="idempotency_in_progress")
+    if previous.request_digest != digest:
+        raise Conflict(
+            "That Idempotency-Key was used with another request; use a new key.",
+            code="idempotency_key_reused",
+        )
+    if previous.response_status is None:
+        raise Conflict(
+            "The first request with that Idempotency-Key is still being handled.",
+            code="idempotency_in_progress",
+        )
+    response = Response(previous.response_body, status=previous.response_status)
+    response["Idempotent-Replayed"] = "true"
+    return response
+
+
+def idempotent(view_method):
+    """Decorate an APIView's post(): honour the Idempotency-Key header."""
+
+    @functools.wraps(view_method)
+    def wrapper(view, request, *args, **kwargs):
+        key = request.headers.get(HEADER)
+        if key is None:
+            return view_method(view, request, *args, **kwargs)
+        if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable():
+            raise exceptions.ValidationError(
+                {HEADER: [f"must be 1 to {MAX_KEY_LENGTH} printable characters"]}
+            )
+        tenant = request.principal.tenant
+        digest = _request_digest(request)
+        record = _reserve(tenant=tenant, key=key, request=request, digest=digest)
+        if record is None:
+            return _replay(tenant=tenant, key=key, digest=digest)
+        try:
+            response = view_method(view, request, *args, **kwargs)
+        except BaseException:
+            record.delete()
+            raise
+        if 200 <= response.status_code < 300:
+            record.response_status = response.status_code
+            record.response_body = response.data
+            record.save(update_fields=["response_status", "response_body"])
+        else:
+            record.delete()
+        return response
+
+    return wrapper

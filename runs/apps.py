@@ -1,0 +1,26 @@
+from django.apps import AppConfig
+from django.core.signals import setting_changed
+
+
+def _forget_cached_settings(*, setting: str, **kwargs) -> None:
+    """Tests override settings; the caches built from them must follow."""
+    from runs import crypto, registry
+
+    if setting in {"GATEHOUSE_MASTER_KEYS", "GATEHOUSE_MASTER_KEY_FILE", "DEBUG"}:
+        crypto.keyring.cache_clear()
+    if setting in {"GATEHOUSE_AGENTS", "GATEHOUSE_BUILTIN_AGENTS", "GATEHOUSE_DRAINING_AGENTS"}:
+        registry.agents.cache_clear()
+
+
+class RunsConfig(AppConfig):
+    name = "runs"
+    verbose_name = "Tenants, threads and runs"
+
+    def ready(self) -> None:
+        from runs import crypto, registry
+
+        setting_changed.connect(_forget_cached_settings)
+        # Fail at start-up, not at the first use, when the master key ring or
+        # the agent registry is misconfigured.
+        crypto.keyring()
+        registry.agents()

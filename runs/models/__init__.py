@@ -1,0 +1,19 @@
+from runs.models.tenancy import (
+    ApiKey,
+    IdempotencyRecord,
+    Membership,
+    Role,
+    Scope,
+    Tenant,
+    TenantOwnedQuerySet,
+)
+
+__all__ = [
+    "ApiKey",
+    "IdempotencyRecord",
+    "Membership",
+    "Role",
+    "Scope",
+    "Tenant",
+    "TenantOwnedQuerySet",
+]

@@ -1,0 +1,134 @@
+"""Tenants and who may act for them: memberships (people) and API keys (programs)."""
+
+import hashlib
+import hmac
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.utils import timezone
+
+
+class TenantOwnedQuerySet(models.QuerySet):
+    """The one way to read tenant-owned rows: every query names its tenant."""
+
+    tenant_field = "tenant"
+
+    def for_tenant(self, tenant: "Tenant") -> "TenantOwnedQuerySet":
+        if tenant is None:
+            # A query without a tenant is a bug, never "all tenants".
+            raise ValueError("for_tenant() needs a tenant; refusing an unscoped query")
+        return self.filter(**{self.tenant_field: tenant})
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    REVIEWER = "reviewer", "Reviewer"
+    COMPLIANCE_OFFICER = "compliance_officer", "Compliance officer"
+    AUDITOR = "auditor", "Auditor"
+    TENANT_ADMIN = "tenant_admin", "Tenant admin"
+
+
+class Scope(models.TextChoices):
+    RUNS = "runs", "Runs"
+    APPROVALS = "approvals", "Approvals"
+    AUDIT = "audit", "Audit"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=32, choices=Role.choices)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant")
+        ]
+        ordering = ["tenant", "user"]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.get_role_display()}) in {self.tenant}"
+
+
+API_KEY_PREFIX_LENGTH = 12
+
+
+class ApiKey(models.Model):
+    """A program's credential. Only a digest of the secret is stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200)
+    prefix = models.CharField(
+        max_length=API_KEY_PREFIX_LENGTH,
+        unique=True,
+        validators=[RegexValidator(r"^gh_[A-Za-z0-9]+$")],
+        help_text="The public start of the key, shown so that a key can be recognised.",
+    )
+    secret_hash = models.CharField(max_length=64, editable=False)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+    @staticmethod
+    def hash_secret(secret: str) -> str:
+        return hashlib.sha256(secret.encode()).hexdigest()
+
+    def matches(self, secret: str) -> bool:
+        return hmac.compare_digest(self.secret_hash, self.hash_secret(secret))
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes
+
+
+class IdempotencyRecord(models.Model):
+    """The first response to a write sent with an Idempotency-Key header."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=2000)
+    request_digest = models.CharField(max_length=64)
+    # Null while the first request is still being handled.
+    response_status = models.PositiveSmallIntegerField(null=True)
+    response_body = models.JSONField(null=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_tenant_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path} [{self.key}]"

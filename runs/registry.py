@@ -1,0 +1,122 @@
+"""The agent registry: name@version -> a factory returning an uncompiled StateGraph.
+
+Built-in agents come from settings.GATEHOUSE_BUILTIN_AGENTS; operators add
+their own without editing code through GATEHOUSE_AGENTS, as
+"name@version=package.module:factory,...". Factories are imported lazily, the
+first time an agent is used or listed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+_KEY_RE = re.compile(rf"^(?P<name>{_NAME})@(?P<version>{_NAME})$")
+_TARGET_RE = re.compile(r"^(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_]\w*)$")
+
+
+class UnknownAgent(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    version: str
+    module: str
+    attr: str
+    draining: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def factory(self) -> Callable:
+        try:
+            module = importlib.import_module(self.module)
+            return getattr(module, self.attr)
+        except (ImportError, AttributeError) as exc:
+            raise ImproperlyConfigured(
+                f"agent {self.key}: cannot import {self.module}:{self.attr} ({exc})"
+            ) from exc
+
+    @property
+    def description(self) -> str:
+        doc = (self.factory().__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+    def build_graph(self):
+        """A new uncompiled StateGraph of this agent version."""
+        return self.factory()()
+
+
+def _parse(key: str, target: str, *, draining: set[str], source: str) -> AgentSpec:
+    key_match = _KEY_RE.match(key.strip())
+    target_match = _TARGET_RE.match(target.strip())
+    if not key_match or not target_match:
+        raise ImproperlyConfigured(
+            f"{source}: {key}={target!r} is not name@version=package.module:factory"
+        )
+    return AgentSpec(
+        name=key_match["name"],
+        version=key_match["version"],
+        module=target_match["module"],
+        attr=target_match["attr"],
+        draining=key.strip() in draining,
+    )
+
+
+@lru_cache(maxsize=1)
+def agents() -> dict[str, AgentSpec]:
+    """Every registered agent version, by "name@version"."""
+    draining = {item.strip() for item in settings.GATEHOUSE_DRAINING_AGENTS}
+    specs: dict[str, AgentSpec] = {}
+    for key, target in settings.GATEHOUSE_BUILTIN_AGENTS.items():
+        spec = _parse(key, target, draining=draining, source="GATEHOUSE_BUILTIN_AGENTS")
+        specs[spec.key] = spec
+    for entry in filter(None, (e.strip() for e in settings.GATEHOUSE_AGENTS.split(","))):
+        key, sep, target = entry.partition("=")
+        if not sep:
+            raise ImproperlyConfigured(
+                f"GATEHOUSE_AGENTS: {entry!r} is not name@version=package.module:factory"
+            )
+        spec = _parse(key, target, draining=draining, source="GATEHOUSE_AGENTS")
+        specs[spec.key] = spec
+    unknown_draining = draining - specs.keys()
+    if unknown_draining:
+        raise ImproperlyConfigured(
+            f"GATEHOUSE_DRAINING_AGENTS names unregistered {sorted(unknown_draining)}"
+        )
+    return specs
+
+
+def get(name: str, version: str) -> AgentSpec:
+    try:
+        return agents()[f"{name}@{version}"]
+    except KeyError:
+        raise UnknownAgent(f"agent {name}@{version} is not registered") from None
+
+
+def latest(name: str, *, for_new_threads: bool = False) -> AgentSpec:
+    """The newest registered version of an agent (optionally: not draining)."""
+    candidates = [
+        spec
+        for spec in agents().values()
+        if spec.name == name and not (for_new_threads and spec.draining)
+    ]
+    if not candidates:
+        raise UnknownAgent(f"no {'non-draining ' if for_new_threads else ''}"
+                           f"version of agent {name!r} is registered")
+    return max(candidates, key=lambda spec: _version_sort_key(spec.version))
+
+
+def _version_sort_key(version: str) -> tuple:
+    return tuple((0, int(part)) if part.isdigit() else (1, part)
+                 for part in re.split(r"[.-]", version))

@@ -1,0 +1,128 @@
+"""Use cases of the runs app that change state, each in one transaction with its
+audit event. Thread and run use cases join these as the runs work lands."""
+
+from __future__ import annotations
+
+import secrets
+import string
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from audit import events
+from audit.services import Actor, record
+from runs.models import ApiKey, Membership, Role, Scope, Tenant
+from runs.models.tenancy import API_KEY_PREFIX_LENGTH
+
+_ALPHABET = string.ascii_letters + string.digits
+
+
+@dataclass(frozen=True)
+class IssuedApiKey:
+    api_key: ApiKey
+    secret: str  # shown once, never stored
+
+
+def parse_scopes(raw: str | list[str]) -> list[str]:
+    items = raw.split(",") if isinstance(raw, str) else list(raw)
+    scopes = sorted({item.strip() for item in items if item.strip()})
+    unknown = [scope for scope in scopes if scope not in Scope.values]
+    if unknown or not scopes:
+        raise ValueError(
+            f"scopes must be a non-empty subset of {', '.join(Scope.values)}; "
+            f"got {', '.join(unknown) or 'nothing'}"
+        )
+    return scopes
+
+
+@transaction.atomic
+def tenant_create(*, slug: str, name: str = "", actor: Actor) -> Tenant:
+    tenant = Tenant.objects.create(slug=slug, name=name or slug)
+    record(tenant=tenant, kind=events.TENANT_CREATED, actor=actor, data={"slug": slug})
+    return tenant
+
+
+@transaction.atomic
+def api_key_create(
+    *, tenant: Tenant, name: str, scopes: list[str], actor: Actor
+) -> IssuedApiKey:
+    scopes = parse_scopes(scopes)
+    prefix = "gh_" + "".join(
+        secrets.choice(_ALPHABET) for _ in range(API_KEY_PREFIX_LENGTH - 3)
+    )
+    secret = f"{prefix}.{secrets.token_urlsafe(32)}"
+    api_key = ApiKey.objects.create(
+        tenant=tenant,
+        name=name,
+        prefix=prefix,
+        secret_hash=ApiKey.hash_secret(secret),
+        scopes=scopes,
+    )
+    record(
+        tenant=tenant,
+        kind=events.API_KEY_CREATED,
+        actor=actor,
+        data={"prefix": prefix, "name": name, "scopes": ",".join(scopes)},
+    )
+    return IssuedApiKey(api_key=api_key, secret=secret)
+
+
+@transaction.atomic
+def api_key_revoke(*, api_key: ApiKey, actor: Actor) -> ApiKey:
+    api_key = ApiKey.objects.select_for_update().get(pk=api_key.pk)
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+        record(
+            tenant=api_key.tenant,
+            kind=events.API_KEY_REVOKED,
+            actor=actor,
+            data={"prefix": api_key.prefix, "name": api_key.name},
+        )
+    return api_key
+
+
+@transaction.atomic
+def membership_set(*, tenant: Tenant, user, role: str, actor: Actor) -> Membership:
+    """Give a user a role in a tenant, or change the role they have."""
+    if role not in Role.values:
+        raise ValueError(f"role must be one of {', '.join(Role.values)}, not {role!r}")
+    membership, created = Membership.objects.update_or_create(
+        tenant=tenant, user=user, defaults={"role": role}
+    )
+    record(
+        tenant=tenant,
+        kind=events.MEMBERSHIP_CREATED if created else events.MEMBERSHIP_CHANGED,
+        actor=actor,
+        data={"username": user.get_username(), "role": role},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, membership: Membership, actor: Actor) -> None:
+    record(
+        tenant=membership.tenant,
+        kind=events.MEMBERSHIP_REMOVED,
+        actor=actor,
+        data={"username": membership.user.get_username(), "role": membership.role},
+    )
+    membership.delete()
+
+
+def reviewer_create(
+    *, tenant: Tenant, username: str, password: str, role: str, actor: Actor
+) -> Membership:
+    """A staff user who can log in to the admin, with a role in one tenant."""
+    User = get_user_model()
+    with transaction.atomic():
+        user, created = User.objects.get_or_create(
+            username=username, defaults={"is_staff": True}
+        )
+        if created or password:
+            user.set_password(password)
+        user.is_staff = True
+        user.save()
+        return membership_set(tenant=tenant, user=user, role=role, actor=actor)

@@ -1,0 +1,27 @@
+"""Settings for the test suite: the real Postgres and Redis, a fixed key ring.
+
+Defaults only: a variable already set in the environment wins, so the suite
+can be pointed at another database or broker.
+"""
+
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gatehouse")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production")
+os.environ.setdefault("DEBUG", "false")
+# Two fixed test keys: "test-1" active, "test-0" an older one still in the ring.
+os.environ.setdefault(
+    "GATEHOUSE_MASTER_KEYS",
+    "test-1:dGVzdC1tYXN0ZXIta2V5LW51bWJlci1vbmUtMzJieSE=,"
+    "test-0:dGVzdC1tYXN0ZXIta2V5LW51bWJlci16ZXJvLTMyYiE=",
+)
+os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")
+
+from config.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STORAGES["staticfiles"]["BACKEND"] = "django.contrib.staticfiles.storage.StaticFilesStorage"  # noqa: F405
+GATEHOUSE_AGENTS = os.environ.get(
+    "GATEHOUSE_AGENTS", "echo@1=tests.agents:echo_graph,echo@2=tests.agents:echo_graph"
+)
