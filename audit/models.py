@@ -50,11 +50,15 @@ class AuditEvent(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "seq"], name="audit_event_tenant_seq")
+            models.UniqueConstraint(
+                fields=["tenant", "seq"], name="audit_event_tenant_seq"
+            )
         ]
         indexes = [
             models.Index(fields=["tenant", "occurred_at"], name="audit_tenant_time"),
-            models.Index(fields=["tenant", "thread_id", "seq"], name="audit_tenant_thread"),
+            models.Index(
+                fields=["tenant", "thread_id", "seq"], name="audit_tenant_thread"
+            ),
         ]
         ordering = ["tenant", "seq"]
 

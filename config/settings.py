@@ -19,7 +19,9 @@ VAR_DIR = Path(env.str("GATEHOUSE_VAR_DIR", default=str(BASE_DIR / "var")))
 DEBUG = env.bool("DEBUG", default=False)
 SECRET_KEY = env.str(
     "SECRET_KEY",
-    default="embedded-insecure-secret-key-set-SECRET_KEY-in-production" if DEBUG else "",
+    default="embedded-insecure-secret-key-set-SECRET_KEY-in-production"
+    if DEBUG
+    else "",
 )
 if not SECRET_KEY:
     from django.core.exceptions import ImproperlyConfigured
@@ -90,7 +92,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", 60))
+    DATABASES["default"].setdefault(
+        "CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", 60)
+    )
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -165,12 +169,6 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "COMPONENT_SPLIT_REQUEST": True,
-    "APPEND_COMPONENTS": {
-        "securitySchemes": {
-            "ApiKey": {"type": "http", "scheme": "bearer", "description": "API key"}
-        }
-    },
-    "SECURITY": [{"ApiKey": []}],
 }
 
 # --- Celery -----------------------------------------------------------------------
@@ -183,6 +181,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": str(EMBEDDED_BROKER_DIR / "queue"),
         "data_folder_out": str(EMBEDDED_BROKER_DIR / "queue"),
         "processed_folder": str(EMBEDDED_BROKER_DIR / "processed"),
+        "control_folder": str(EMBEDDED_BROKER_DIR / "control"),
         "store_processed": False,
     }
 else:
@@ -217,7 +216,9 @@ GATEHOUSE_DRAINING_AGENTS = env.list("GATEHOUSE_DRAINING_AGENTS", default=[])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }

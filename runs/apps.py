@@ -8,7 +8,11 @@ def _forget_cached_settings(*, setting: str, **kwargs) -> None:
 
     if setting in {"GATEHOUSE_MASTER_KEYS", "GATEHOUSE_MASTER_KEY_FILE", "DEBUG"}:
         crypto.keyring.cache_clear()
-    if setting in {"GATEHOUSE_AGENTS", "GATEHOUSE_BUILTIN_AGENTS", "GATEHOUSE_DRAINING_AGENTS"}:
+    if setting in {
+        "GATEHOUSE_AGENTS",
+        "GATEHOUSE_BUILTIN_AGENTS",
+        "GATEHOUSE_DRAINING_AGENTS",
+    }:
         registry.agents.cache_clear()
 
 
@@ -18,6 +22,7 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         from runs import crypto, registry
+        from runs.api import schema  # noqa: F401  registers the auth scheme
 
         setting_changed.connect(_forget_cached_settings)
         # Fail at start-up, not at the first use, when the master key ring or

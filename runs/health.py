@@ -1,9 +1,9 @@
 """Liveness and readiness probes for load balancers and orchestrators."""
 
+from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
-
-from config.celery import app as celery_app
+from kombu import Connection
 
 
 def healthz(request) -> JsonResponse:
@@ -21,7 +21,10 @@ def _check_database() -> str | None:
 
 def _check_broker() -> str | None:
     try:
-        with celery_app.connection_for_write() as conn:
+        with Connection(
+            settings.CELERY_BROKER_URL,
+            transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        ) as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
         return None
     except Exception as exc:

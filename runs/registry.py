@@ -81,7 +81,9 @@ def agents() -> dict[str, AgentSpec]:
     for key, target in settings.GATEHOUSE_BUILTIN_AGENTS.items():
         spec = _parse(key, target, draining=draining, source="GATEHOUSE_BUILTIN_AGENTS")
         specs[spec.key] = spec
-    for entry in filter(None, (e.strip() for e in settings.GATEHOUSE_AGENTS.split(","))):
+    for entry in filter(
+        None, (e.strip() for e in settings.GATEHOUSE_AGENTS.split(","))
+    ):
         key, sep, target = entry.partition("=")
         if not sep:
             raise ImproperlyConfigured(
@@ -112,11 +114,15 @@ def latest(name: str, *, for_new_threads: bool = False) -> AgentSpec:
         if spec.name == name and not (for_new_threads and spec.draining)
     ]
     if not candidates:
-        raise UnknownAgent(f"no {'non-draining ' if for_new_threads else ''}"
-                           f"version of agent {name!r} is registered")
+        raise UnknownAgent(
+            f"no {'non-draining ' if for_new_threads else ''}"
+            f"version of agent {name!r} is registered"
+        )
     return max(candidates, key=lambda spec: _version_sort_key(spec.version))
 
 
 def _version_sort_key(version: str) -> tuple:
-    return tuple((0, int(part)) if part.isdigit() else (1, part)
-                 for part in re.split(r"[.-]", version))
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part)
+        for part in re.split(r"[.-]", version)
+    )

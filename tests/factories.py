@@ -17,29 +17,47 @@ ALL_SCOPES = ["runs", "approvals", "audit"]
 
 def make_tenant(slug: str | None = None) -> Tenant:
     slug = slug or f"tenant-{next(_counter)}"
-    return services.tenant_create(slug=slug, name=slug.title(), actor=Actor.system("tests"))
+    return services.tenant_create(
+        slug=slug, name=slug.title(), actor=Actor.system("tests")
+    )
 
 
-def make_api_key(tenant: Tenant, scopes: list[str] | None = None, name: str = "test key"):
+def make_api_key(
+    tenant: Tenant, scopes: list[str] | None = None, name: str = "test key"
+):
     """Returns (ApiKey, secret)."""
     issued = services.api_key_create(
-        tenant=tenant, name=name, scopes=scopes or ALL_SCOPES, actor=Actor.system("tests")
+        tenant=tenant,
+        name=name,
+        scopes=scopes or ALL_SCOPES,
+        actor=Actor.system("tests"),
     )
     return issued.api_key, issued.secret
 
 
-def make_member(tenant: Tenant, role: str = "reviewer", username: str | None = None,
-                password: str = "correct horse battery staple") -> Membership:
+def make_member(
+    tenant: Tenant,
+    role: str = "reviewer",
+    username: str | None = None,
+    password: str = "correct horse battery staple",
+) -> Membership:
     username = username or f"user{next(_counter)}"
     return services.reviewer_create(
-        tenant=tenant, username=username, password=password, role=role,
+        tenant=tenant,
+        username=username,
+        password=password,
+        role=role,
         actor=Actor.system("tests"),
     )
 
 
-def make_superuser(username: str | None = None, password: str = "correct horse battery staple"):
+def make_superuser(
+    username: str | None = None, password: str = "correct horse battery staple"
+):
     username = username or f"admin{next(_counter)}"
-    return get_user_model().objects.create_superuser(username, f"{username}@example.com", password)
+    return get_user_model().objects.create_superuser(
+        username, f"{username}@example.com", password
+    )
 
 
 def api_client(secret: str | None = None) -> APIClient:

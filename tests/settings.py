@@ -21,7 +21,11 @@ os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")
 from config.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-STORAGES["staticfiles"]["BACKEND"] = "django.contrib.staticfiles.storage.StaticFilesStorage"  # noqa: F405
+# No collectstatic in tests: serve static files from the apps, unhashed.
+STORAGES = {  # noqa: F405
+    **STORAGES,  # noqa: F405
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
 GATEHOUSE_AGENTS = os.environ.get(
     "GATEHOUSE_AGENTS", "echo@1=tests.agents:echo_graph,echo@2=tests.agents:echo_graph"
 )

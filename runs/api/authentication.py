@@ -50,15 +50,16 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         prefix, dot, _ = secret.partition(".")
         if not dot or not prefix:
             raise exceptions.AuthenticationFailed("Malformed API key.")
-        api_key = (
-            ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
-        )
+        api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
         # The same message for unknown, wrong and revoked keys: a caller learns
         # nothing about which prefixes exist.
         if api_key is None or not api_key.matches(secret) or not api_key.is_active:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
         now = timezone.now()
-        if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
+        if (
+            api_key.last_used_at is None
+            or now - api_key.last_used_at > LAST_USED_RESOLUTION
+        ):
             ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
         return ApiKeyUser(api_key), api_key
 

@@ -29,7 +29,9 @@ class Conflict(ApiError):
 class PayloadTooLarge(ApiError):
     def __init__(self, message: str) -> None:
         super().__init__(
-            message, code="payload_too_large", status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+            message,
+            code="payload_too_large",
+            status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
 
 
@@ -85,7 +87,9 @@ def exception_handler(exc, context) -> Response | None:
             body = error_body(code, "The request has invalid fields.", _flatten(detail))
         else:
             messages = _flatten(detail)
-            message = " ".join(messages) if isinstance(messages, list) else str(messages)
+            message = (
+                " ".join(messages) if isinstance(messages, list) else str(messages)
+            )
             body = error_body(code, message, {})
     else:
         detail = exc.detail

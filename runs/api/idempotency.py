@@ -29,7 +29,9 @@ MAX_KEY_LENGTH = 255
 
 
 def _request_digest(request) -> str:
-    canonical = json.dumps(request.data, sort_keys=True, separators=(",", ":"), default=str)
+    canonical = json.dumps(
+        request.data, sort_keys=True, separators=(",", ":"), default=str
+    )
     material = f"{request.method}\n{request.path}\n{canonical}"
     return hashlib.sha256(material.encode()).hexdigest()
 
@@ -56,7 +58,9 @@ def _reserve(*, tenant, key: str, request, digest: str) -> IdempotencyRecord | N
 def _replay(*, tenant, key: str, digest: str) -> Response:
     previous = IdempotencyRecord.objects.for_tenant(tenant).filter(key=key).first()
     if previous is None:  # released between our insert and this read: retryable
-        raise Conflict("That Idempotency-Key is in use; retry.", code="idempotency_in_progress")
+        raise Conflict(
+            "That Idempotency-Key is in use; retry.", code="idempotency_in_progress"
+        )
     if previous.request_digest != digest:
         raise Conflict(
             "That Idempotency-Key was used with another request; use a new key.",

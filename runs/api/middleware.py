@@ -16,7 +16,10 @@ class ApiBodySizeLimitMiddleware:
                 length = int(raw)
             except ValueError:
                 return json_error(
-                    request, "bad_request", "The Content-Length header is not a number.", 400
+                    request,
+                    "bad_request",
+                    "The Content-Length header is not a number.",
+                    400,
                 )
             limit = settings.GATEHOUSE_MAX_BODY_BYTES
             if length > limit:

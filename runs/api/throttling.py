@@ -1,3 +1,4 @@
+from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
 
@@ -5,6 +6,10 @@ class PrincipalRateThrottle(SimpleRateThrottle):
     """A request budget per API key (or per logged-in user, or per address)."""
 
     scope = "principal"
+
+    def get_rate(self) -> str | None:
+        # Read per request rather than once at import: the rate is a setting.
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
 
     def get_cache_key(self, request, view) -> str:
         if request.auth is not None and hasattr(request.auth, "prefix"):

@@ -50,7 +50,9 @@ class Membership(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="memberships"
+    )
     role = models.CharField(max_length=32, choices=Role.choices)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -58,7 +60,9 @@ class Membership(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant")
+            models.UniqueConstraint(
+                fields=["user", "tenant"], name="membership_user_tenant"
+            )
         ]
         ordering = ["tenant", "user"]
 
@@ -72,7 +76,9 @@ API_KEY_PREFIX_LENGTH = 12
 class ApiKey(models.Model):
     """A program's credential. Only a digest of the secret is stored."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="api_keys"
+    )
     name = models.CharField(max_length=200)
     prefix = models.CharField(
         max_length=API_KEY_PREFIX_LENGTH,
@@ -127,7 +133,9 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_tenant_key")
+            models.UniqueConstraint(
+                fields=["tenant", "key"], name="idempotency_tenant_key"
+            )
         ]
 
     def __str__(self) -> str:

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.factories import api_client, make_api_key, make_tenant, tenant_with_client
+from tests.factories import tenant_with_client
 
 pytestmark = pytest.mark.django_db
 

@@ -1,0 +1,32 @@
+# Gatehouse. `make run` starts the embedded mode; `make test` runs the suite.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+# The suite runs against the real Postgres and Redis.
+export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gatehouse
+
+.PHONY: run test lint bench-checkpoints clean-var
+
+$(VENV)/.runtime: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+run: $(VENV)/.runtime
+	DEBUG=true $(PY) manage.py migrate --verbosity 0
+	DEBUG=true $(PY) manage.py setup_demo
+	DEBUG=true $(PY) manage.py run_embedded
+
+test: $(VENV)/.dev
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+
+bench-checkpoints: $(VENV)/.dev
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/checkpoints.py

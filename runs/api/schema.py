@@ -1,0 +1,15 @@
+"""Teaches drf-spectacular about Gatehouse's Bearer API keys."""
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    target_class = "runs.api.authentication.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key: `Authorization: Bearer gh_xxxxxxxxx.<secret>`.",
+        }

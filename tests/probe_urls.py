@@ -1,0 +1,38 @@
+"""A small write endpoint that exercises the shared API plumbing in tests.
+
+The real write endpoints arrive with the runs API; this one lets the plumbing
+(validation errors, Idempotency-Key, scopes) be tested on its own.
+"""
+
+import uuid
+
+from django.urls import include, path
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from runs.api.idempotency import idempotent
+
+
+class ProbeSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=50)
+    input = serializers.DictField()
+
+
+class ProbeView(APIView):
+    required_scope = "runs"
+    calls = 0
+
+    @idempotent
+    def post(self, request):
+        serializer = ProbeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        type(self).calls += 1
+        body = {"id": str(uuid.uuid4()), "tenant": request.principal.tenant.slug}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+urlpatterns = [
+    path("api/v1/probe", ProbeView.as_view()),
+    path("", include("config.urls")),
+]

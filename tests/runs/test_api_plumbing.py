@@ -1,0 +1,230 @@
+"""The API plumbing every endpoint shares: errors, auth, scopes, limits, idempotency."""
+
+import json
+
+import pytest
+from django.test import override_settings
+
+from audit.services import Actor
+from runs import services
+from tests.factories import (
+    api_client,
+    make_api_key,
+    make_member,
+    make_tenant,
+    tenant_with_client,
+)
+
+pytestmark = pytest.mark.django_db
+probe_urls = pytest.mark.urls("tests.probe_urls")
+
+
+def assert_error(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert body["code"] == code
+    assert isinstance(body["message"], str) and body["message"]
+    return body
+
+
+def test_missing_key_is_401_with_error_body():
+    response = api_client().get("/api/v1/agents")
+    assert_error(response, 401, "not_authenticated")
+    assert response["WWW-Authenticate"] == "Bearer"
+
+
+def test_unknown_key_is_401():
+    response = api_client("gh_doesnotexist.secret").get("/api/v1/agents")
+    assert_error(response, 401, "authentication_failed")
+
+
+def test_malformed_authorization_header_is_401():
+    response = api_client("no-dot-in-this-key").get("/api/v1/agents")
+    assert_error(response, 401, "authentication_failed")
+
+
+def test_wrong_secret_for_existing_prefix_is_401():
+    tenant = make_tenant()
+    api_key, secret = make_api_key(tenant)
+    response = api_client(f"{api_key.prefix}.not-the-secret").get("/api/v1/agents")
+    assert_error(response, 401, "authentication_failed")
+
+
+def test_revoked_key_is_401():
+    tenant = make_tenant()
+    api_key, secret = make_api_key(tenant)
+    client = api_client(secret)
+    assert client.get("/api/v1/agents").status_code == 200
+    services.api_key_revoke(api_key=api_key, actor=Actor.system("tests"))
+    assert_error(client.get("/api/v1/agents"), 401, "authentication_failed")
+
+
+def test_missing_scope_is_403():
+    _, client = tenant_with_client(scopes=["audit"])
+    assert_error(client.get("/api/v1/agents"), 403, "permission_denied")
+
+
+def test_unknown_api_route_is_json_404():
+    _, client = tenant_with_client()
+    assert_error(client.get("/api/v1/no-such-thing"), 404, "not_found")
+    assert_error(client.post("/api/v2/agents", {}, format="json"), 404, "not_found")
+
+
+def test_wrong_method_is_405_with_error_body():
+    _, client = tenant_with_client()
+    assert_error(client.delete("/api/v1/agents"), 405, "method_not_allowed")
+
+
+@probe_urls
+def test_malformed_json_is_400():
+    _, client = tenant_with_client()
+    response = client.post(
+        "/api/v1/probe", data="{not json", content_type="application/json"
+    )
+    assert_error(response, 400, "parse_error")
+
+
+@probe_urls
+def test_wrong_content_type_is_415():
+    _, client = tenant_with_client()
+    response = client.post("/api/v1/probe", data="name=x", content_type="text/plain")
+    assert_error(response, 415, "unsupported_media_type")
+
+
+@probe_urls
+def test_field_of_wrong_type_names_the_field():
+    _, client = tenant_with_client()
+    response = client.post(
+        "/api/v1/probe", {"name": "x", "input": "not an object"}, format="json"
+    )
+    body = assert_error(response, 400, "invalid")
+    assert "input" in body["fields"]
+
+
+@probe_urls
+def test_json_array_body_is_400_not_500():
+    _, client = tenant_with_client()
+    response = client.post(
+        "/api/v1/probe", data="[1,2]", content_type="application/json"
+    )
+    assert_error(response, 400, "invalid")
+
+
+@probe_urls
+@override_settings(GATEHOUSE_MAX_BODY_BYTES=1000)
+def test_oversized_body_is_413():
+    _, client = tenant_with_client()
+    payload = json.dumps({"name": "x", "input": {"blob": "a" * 2000}})
+    response = client.post(
+        "/api/v1/probe", data=payload, content_type="application/json"
+    )
+    assert_error(response, 413, "payload_too_large")
+
+
+@probe_urls
+def test_idempotency_key_replays_first_response():
+    _, client = tenant_with_client()
+    body = {"name": "x", "input": {"a": 1}}
+    first = client.post(
+        "/api/v1/probe", body, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
+    second = client.post(
+        "/api/v1/probe", body, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
+    assert first.status_code == second.status_code == 201
+    assert first.json() == second.json()
+    assert second["Idempotent-Replayed"] == "true"
+    third = client.post(
+        "/api/v1/probe", body, format="json", HTTP_IDEMPOTENCY_KEY="k-2"
+    )
+    assert third.json()["id"] != first.json()["id"]
+
+
+@probe_urls
+def test_idempotency_key_with_another_body_is_409():
+    _, client = tenant_with_client()
+    client.post(
+        "/api/v1/probe",
+        {"name": "x", "input": {}},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="k-1",
+    )
+    response = client.post(
+        "/api/v1/probe",
+        {"name": "y", "input": {}},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="k-1",
+    )
+    assert_error(response, 409, "idempotency_key_reused")
+
+
+@probe_urls
+def test_failed_request_does_not_burn_the_idempotency_key():
+    _, client = tenant_with_client()
+    bad = client.post(
+        "/api/v1/probe", {"name": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
+    assert bad.status_code == 400
+    good = client.post(
+        "/api/v1/probe",
+        {"name": "x", "input": {}},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="k-1",
+    )
+    assert good.status_code == 201
+
+
+@probe_urls
+def test_idempotency_keys_are_per_tenant():
+    """Tenant B reusing tenant A's key value gets its own response, not A's."""
+    _, client_a = tenant_with_client()
+    _, client_b = tenant_with_client()
+    body = {"name": "x", "input": {}}
+    a = client_a.post(
+        "/api/v1/probe", body, format="json", HTTP_IDEMPOTENCY_KEY="shared"
+    )
+    b = client_b.post(
+        "/api/v1/probe", body, format="json", HTTP_IDEMPOTENCY_KEY="shared"
+    )
+    assert a.status_code == b.status_code == 201
+    assert a.json()["tenant"] != b.json()["tenant"]
+    assert "Idempotent-Replayed" not in b
+
+
+def test_throttled_key_gets_429_and_other_keys_do_not(settings):
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {"principal": "3/minute"},
+    }
+    _, client = tenant_with_client()
+    statuses = [client.get("/api/v1/agents").status_code for _ in range(4)]
+    assert statuses == [200, 200, 200, 429]
+    response = client.get("/api/v1/agents")
+    assert_error(response, 429, "throttled")
+    assert int(response["Retry-After"]) > 0
+    _, other = tenant_with_client()
+    assert other.get("/api/v1/agents").status_code == 200
+
+
+def test_session_user_acts_within_membership():
+    membership = make_member(make_tenant(), role="tenant_admin")
+    client = api_client()
+    client.force_login(membership.user)
+    assert client.get("/api/v1/agents").status_code == 200
+
+
+def test_session_user_without_membership_is_403():
+    outsider = make_member(make_tenant(), role="reviewer").user
+    outsider.memberships.all().delete()
+    client = api_client()
+    client.force_login(outsider)
+    assert_error(client.get("/api/v1/agents"), 403, "permission_denied")
+
+
+def test_auditor_role_cannot_write():
+    membership = make_member(make_tenant(), role="auditor")
+    from runs.access import Principal
+
+    principal = Principal.for_membership(membership)
+    assert principal.can("audit", write=False)
+    assert not principal.can("approvals", write=True)

@@ -1,0 +1,56 @@
+"""Health probes, the OpenAPI schema and the docs page."""
+
+import pytest
+import yaml
+from django.core.management import call_command
+from drf_spectacular.validation import validate_schema
+
+from tests.factories import api_client
+
+pytestmark = pytest.mark.django_db
+
+
+def test_healthz_answers_without_credentials():
+    response = api_client().get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_readyz_checks_database_and_broker():
+    response = api_client().get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["checks"] == {"database": "ok", "broker": "ok"}
+
+
+def test_readyz_reports_an_unreachable_broker(settings):
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    response = api_client().get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["database"] == "ok"
+    assert response.json()["checks"]["broker"] != "ok"
+
+
+def test_schema_is_valid_openapi_3():
+    response = api_client().get("/api/v1/schema", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    schema = (
+        response.json()
+        if response["Content-Type"].startswith("application/json")
+        else yaml.safe_load(response.content)
+    )
+    assert schema["openapi"].startswith("3.")
+    validate_schema(schema)
+    assert "/api/v1/agents" in schema["paths"]
+
+
+def test_schema_generation_has_no_warnings(capsys):
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", "/dev/null")
+
+
+def test_docs_page_loads_no_third_party_assets():
+    response = api_client().get("/api/v1/docs")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "swagger-ui" in html
+    assert "cdn" not in html.lower()
+    assert "https://" not in html
