@@ -1,4 +1,46 @@
-"""The master key ring and every use of it: the one place Gatehouse does crypto."""
+"""The master key ring and every use of it: the one place Gatehouse does crypto.
+
+Envelope encryption. Each thread has its own random 256-bit data key, stored in
+`Thread.wrapped_data_key` wrapped (AES-256-GCM) by the active master key of
+`GATEHOUSE_MASTER_KEYS`, whose id is kept in `Thread.data_key_id`. Everything a
+user, a model or a tool produced is encrypted with the thread's data key
+(AES-256-GCM, a random 96-bit nonce per ciphertext). docs/checkpoints.md has
+the byte formats; in short::
+
+    ciphertext = 0x01 | nonce (12) | AES-256-GCM(data key, plaintext, aad)
+    aad        = msgpack(["gatehouse", 1, tenant pk, thread pk, kind, *row])
+
+The associated data names the tenant, the thread and the row a ciphertext
+belongs to, so a ciphertext copied to another row, thread or tenant fails to
+decrypt. A stored value that does not start with the format byte is refused,
+never read as plaintext.
+
+The API for everything that stores thread content (checkpoints here; run
+inputs, resume values, tool results and approval payloads elsewhere)::
+
+    cipher = ThreadCipher.for_thread(thread)        # ThreadDeleted if shredded
+    blob = cipher.encrypt_value(value, row=("run-input", run.public_id))
+    value = cipher.decrypt_value(blob, row=("run-input", run.public_id))
+    cipher.encrypt(raw_bytes, row=...) / cipher.decrypt(blob, row=...)
+
+`row` identifies the stored value: a kind first (`"run-input"`,
+`"tool-result"`, ...; `"checkpoint"`, `"metadata"`, `"blob"` and `"write"` are
+the checkpoint store's), then ids, all `str` or `int`. Use ids known before the
+row is saved (not an auto-increment pk), and the same tuple to decrypt. Values
+go through `runs.serde.StrictSerializer` (no pickle, allow-listed types) and
+are zlib-compressed first when large.
+
+A `ThreadCipher` holds the key as read with its thread: build one per unit of
+work from a freshly read `Thread` (or with `ThreadCipher.load(thread_pk=...)`).
+Unwrapped keys are cached per process, keyed by the wrapped bytes, so building
+one is cheap.
+
+`new_data_key()` makes a thread's key (`Thread.objects.create_with_data_key`
+calls it), `rewrap_data_key()` moves one to the active master key
+(`manage.py rotate_master_key`), `shred_thread()` destroys one: every
+ciphertext of the thread becomes unreadable at once, in backups too, and
+reading or writing it raises `ThreadDeleted`.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +49,25 @@ import binascii
 import logging
 import os
 import secrets
-from dataclasses import dataclass
+import threading
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import ormsgpack
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, transaction
+
+from runs.serde import StrictSerializer, default_serializer
+
+if TYPE_CHECKING:
+    from runs.models import Thread
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +80,11 @@ class KeyRing:
 
     active_id: str
     keys: dict[str, bytes]
+    # Unwrapped data keys; it lives and dies with the ring, so a changed ring
+    # (a key removed) is never hidden by a cached key.
+    data_keys: dict[tuple, AESGCM] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def key(self, key_id: str) -> bytes:
         try:
@@ -68,7 +128,9 @@ def parse_keyring(spec: str) -> KeyRing:
 
 def generate_master_key_entry(key_id: str) -> str:
     """A new ring entry, "id:base64key", for operators and the embedded mode."""
-    return f"{key_id}:{base64.b64encode(secrets.token_bytes(MASTER_KEY_BYTES)).decode()}"
+    return (
+        f"{key_id}:{base64.b64encode(secrets.token_bytes(MASTER_KEY_BYTES)).decode()}"
+    )
 
 
 def _embedded_keyring_spec(path: Path) -> str:
@@ -102,7 +164,293 @@ def keyring() -> KeyRing:
                 "GATEHOUSE_MASTER_KEYS is not set and DEBUG is off: refusing to start "
                 "without a master key. Generate one with "
                 "`python -c \"import base64,os;print('k1:'+base64.b64encode("
-                "os.urandom(32)).decode())\"` and set GATEHOUSE_MASTER_KEYS=<that>."
+                'os.urandom(32)).decode())"` and set GATEHOUSE_MASTER_KEYS=<that>.'
             )
         spec = _embedded_keyring_spec(Path(settings.GATEHOUSE_MASTER_KEY_FILE))
     return parse_keyring(spec)
+
+
+# --- Errors ----------------------------------------------------------------------
+
+
+class CryptoError(Exception):
+    """Thread content could not be encrypted or decrypted."""
+
+
+class ThreadDeleted(CryptoError):
+    """The thread's data key was destroyed: its content is gone for good."""
+
+
+class NotCiphertext(CryptoError):
+    """A stored value is not Gatehouse ciphertext; plaintext is never read."""
+
+
+class TamperedCiphertext(CryptoError):
+    """A ciphertext failed authentication: altered, or from another row."""
+
+
+class ThreadUnderLegalHold(CryptoError):
+    """A thread under legal hold may not be shredded."""
+
+
+# --- Formats ---------------------------------------------------------------------
+
+FORMAT_V1 = 0x01
+NONCE_BYTES = 12
+TAG_BYTES = 16
+DATA_KEY_BYTES = 32
+_AAD_PREFIX = "gatehouse"
+_WRAP_AAD_PREFIX = "gatehouse-data-key"
+# Values at least this large are zlib-compressed before encryption: ciphertext
+# does not compress, so the database's own compression no longer helps.
+COMPRESS_MIN_BYTES = 1024
+_COMPRESSED = 0x80
+_DATA_KEY_CACHE_SIZE = 10_000
+_cache_lock = threading.Lock()
+
+
+def _seal(aead: AESGCM, plaintext: bytes, aad: bytes) -> bytes:
+    nonce = os.urandom(NONCE_BYTES)
+    return bytes((FORMAT_V1,)) + nonce + aead.encrypt(nonce, plaintext, aad)
+
+
+def _open(aead: AESGCM, blob: bytes | memoryview, aad: bytes, what: str) -> bytes:
+    blob = bytes(blob)
+    if len(blob) < 1 + NONCE_BYTES + TAG_BYTES or blob[0] != FORMAT_V1:
+        lead = f"0x{blob[0]:02x}" if blob else "nothing"
+        raise NotCiphertext(
+            f"{what} is not Gatehouse ciphertext (format byte {lead}, "
+            f"{len(blob)} bytes); refusing to read it as plaintext"
+        )
+    nonce = blob[1 : 1 + NONCE_BYTES]
+    try:
+        return aead.decrypt(nonce, blob[1 + NONCE_BYTES :], aad)
+    except InvalidTag:
+        raise TamperedCiphertext(
+            f"{what} failed authentication: it was altered, or it belongs to "
+            "another row, thread or tenant"
+        ) from None
+
+
+def _pack(parts: Sequence[Any]) -> bytes:
+    for part in parts:
+        if not isinstance(part, (str, int)) or isinstance(part, bool):
+            raise TypeError(
+                f"associated data parts must be str or int, not {type(part).__name__}"
+            )
+    return ormsgpack.packb(list(parts))
+
+
+# --- Data keys -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WrappedDataKey:
+    """A data key as stored: encrypted under the master key `key_id`."""
+
+    wrapped: bytes
+    key_id: str
+
+
+def _wrap_aad(key_id: str, tenant_id: int) -> bytes:
+    return _pack([_WRAP_AAD_PREFIX, FORMAT_V1, key_id, tenant_id])
+
+
+def _wrap(data_key: bytes, *, tenant_id: int, ring: KeyRing) -> WrappedDataKey:
+    key_id = ring.active_id
+    wrapped = _seal(AESGCM(ring.key(key_id)), data_key, _wrap_aad(key_id, tenant_id))
+    return WrappedDataKey(wrapped=wrapped, key_id=key_id)
+
+
+def new_data_key(*, tenant_id: int) -> WrappedDataKey:
+    """A fresh random data key, wrapped by the active master key."""
+    return _wrap(
+        secrets.token_bytes(DATA_KEY_BYTES), tenant_id=tenant_id, ring=keyring()
+    )
+
+
+def unwrap_data_key(*, wrapped: bytes, key_id: str, tenant_id: int) -> bytes:
+    ring = keyring()
+    master = AESGCM(ring.key(key_id))
+    return _open(
+        master, wrapped, _wrap_aad(key_id, tenant_id), f"data key wrapped by {key_id!r}"
+    )
+
+
+def rewrap_data_key(
+    *, wrapped: bytes, key_id: str, tenant_id: int
+) -> WrappedDataKey | None:
+    """The data key wrapped by the active master key; None if it already is."""
+    ring = keyring()
+    if key_id == ring.active_id:
+        return None
+    data_key = unwrap_data_key(wrapped=wrapped, key_id=key_id, tenant_id=tenant_id)
+    return _wrap(data_key, tenant_id=tenant_id, ring=ring)
+
+
+def _data_key_aead(
+    *, tenant_id: int, thread_pk: int, wrapped: bytes, key_id: str
+) -> AESGCM:
+    ring = keyring()
+    cache_key = (thread_pk, tenant_id, key_id, wrapped)
+    aead = ring.data_keys.get(cache_key)
+    if aead is None:
+        aead = AESGCM(
+            unwrap_data_key(wrapped=wrapped, key_id=key_id, tenant_id=tenant_id)
+        )
+        with _cache_lock:
+            if len(ring.data_keys) >= _DATA_KEY_CACHE_SIZE:
+                # Oldest first: dicts keep insertion order.
+                ring.data_keys.pop(next(iter(ring.data_keys)))
+            ring.data_keys[cache_key] = aead
+    return aead
+
+
+def forget_data_key(thread_pk: int) -> None:
+    """Drop a thread's unwrapped key from this process's cache."""
+    ring = keyring()
+    with _cache_lock:
+        for cache_key in [k for k in ring.data_keys if k[0] == thread_pk]:
+            ring.data_keys.pop(cache_key, None)
+
+
+# --- Thread content ----------------------------------------------------------------
+
+
+class ThreadCipher:
+    """Encrypts and decrypts one thread's content, bound to its rows."""
+
+    __slots__ = ("tenant_id", "thread_pk", "_aead")
+
+    def __init__(self, *, tenant_id: int, thread_pk: int, aead: AESGCM) -> None:
+        self.tenant_id = tenant_id
+        self.thread_pk = thread_pk
+        self._aead = aead
+
+    @classmethod
+    def from_wrapped(
+        cls,
+        *,
+        tenant_id: int,
+        thread_pk: int,
+        wrapped: bytes | memoryview | None,
+        key_id: str,
+        label: str = "",
+    ) -> ThreadCipher:
+        if wrapped is None:
+            raise ThreadDeleted(
+                f"thread {label or thread_pk} was deleted: its data key was "
+                "destroyed, so its content can no longer be read or written"
+            )
+        aead = _data_key_aead(
+            tenant_id=tenant_id,
+            thread_pk=thread_pk,
+            wrapped=bytes(wrapped),
+            key_id=key_id,
+        )
+        return cls(tenant_id=tenant_id, thread_pk=thread_pk, aead=aead)
+
+    @classmethod
+    def for_thread(cls, thread: Thread) -> ThreadCipher:
+        if thread.pk is None:
+            raise ValueError("a thread must be saved before its content is encrypted")
+        return cls.from_wrapped(
+            tenant_id=thread.tenant_id,
+            thread_pk=thread.pk,
+            wrapped=thread.wrapped_data_key,
+            key_id=thread.data_key_id,
+            label=repr(thread.thread_id),
+        )
+
+    @classmethod
+    def load(cls, *, thread_pk: int, using: str | None = None) -> ThreadCipher:
+        """From the thread's row as stored now, not as some instance last saw it."""
+        from runs.models import Thread
+
+        thread = (
+            Thread.objects.using(using or DEFAULT_DB_ALIAS)
+            .only("tenant_id", "thread_id", "wrapped_data_key", "data_key_id")
+            .get(pk=thread_pk)
+        )
+        return cls.for_thread(thread)
+
+    def _aad(self, row: Sequence[str | int]) -> bytes:
+        if not row:
+            raise ValueError("row must name the stored value, kind first")
+        return _pack([_AAD_PREFIX, FORMAT_V1, self.tenant_id, self.thread_pk, *row])
+
+    def encrypt(self, plaintext: bytes, *, row: Sequence[str | int]) -> bytes:
+        return _seal(self._aead, plaintext, self._aad(row))
+
+    def decrypt(
+        self, ciphertext: bytes | memoryview, *, row: Sequence[str | int]
+    ) -> bytes:
+        what = f"{row[0]} {'/'.join(map(str, row[1:]))} of thread {self.thread_pk}"
+        return _open(self._aead, ciphertext, self._aad(row), what)
+
+    def encrypt_value(
+        self,
+        value: Any,
+        *,
+        row: Sequence[str | int],
+        serializer: StrictSerializer | None = None,
+    ) -> bytes:
+        return self.encrypt(encode_value(value, serializer), row=row)
+
+    def decrypt_value(
+        self,
+        ciphertext: bytes | memoryview,
+        *,
+        row: Sequence[str | int],
+        serializer: StrictSerializer | None = None,
+    ) -> Any:
+        return decode_value(self.decrypt(ciphertext, row=row), serializer)
+
+
+def encode_value(value: Any, serializer: StrictSerializer | None = None) -> bytes:
+    """The plaintext of a value: serde type byte (high bit: zlib), then bytes."""
+    encoded = (serializer or default_serializer()).dumps(value)
+    if len(encoded) > COMPRESS_MIN_BYTES:
+        packed = zlib.compress(memoryview(encoded)[1:], 1)
+        if len(packed) + 1 < len(encoded):
+            return bytes((encoded[0] | _COMPRESSED,)) + packed
+    return encoded
+
+
+def decode_value(plaintext: bytes, serializer: StrictSerializer | None = None) -> Any:
+    if plaintext and plaintext[0] & _COMPRESSED:
+        plaintext = bytes((plaintext[0] & ~_COMPRESSED,)) + zlib.decompress(
+            memoryview(plaintext)[1:]
+        )
+    return (serializer or default_serializer()).loads(plaintext)
+
+
+# --- Shredding ---------------------------------------------------------------------
+
+
+def shred_thread(*, thread: Thread, using: str | None = None) -> None:
+    """Destroy the thread's data key: all of its content is unreadable at once.
+
+    The rows stay until the caller deletes them; reading or writing them raises
+    ThreadDeleted from now on, and copies in backups are as unreadable. Refused
+    for a thread under legal hold.
+    """
+    from runs.models import Thread
+
+    db = using or thread._state.db or DEFAULT_DB_ALIAS
+    with transaction.atomic(using=db):
+        # FOR UPDATE waits for writes in flight (they hold FOR KEY SHARE) and
+        # makes later ones wait for this commit, then see no key.
+        locked = Thread.objects.using(db).select_for_update().get(pk=thread.pk)
+        if locked.legal_hold:
+            raise ThreadUnderLegalHold(
+                f"thread {locked.thread_id!r} is under legal hold; release the "
+                "hold before deleting it"
+            )
+        Thread.objects.using(db).filter(pk=thread.pk).update(
+            wrapped_data_key=None, data_key_id=""
+        )
+        transaction.on_commit(lambda: forget_data_key(thread.pk), using=db)
+    forget_data_key(thread.pk)
+    thread.wrapped_data_key = None
+    thread.data_key_id = ""

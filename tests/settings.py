@@ -5,6 +5,7 @@ can be pointed at another database or broker.
 """
 
 import os
+import tempfile
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gatehouse")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
@@ -29,3 +30,18 @@ STORAGES = {  # noqa: F405
 GATEHOUSE_AGENTS = os.environ.get(
     "GATEHOUSE_AGENTS", "echo@1=tests.agents:echo_graph,echo@2=tests.agents:echo_graph"
 )
+
+# A second database, SQLite, for the checkpoint store's conformance run
+# (tests/runs/test_checkpointer_conformance.py); set up only for tests that ask
+# for it. The same options as the embedded mode's SQLite.
+DATABASES["sqlite"] = {  # noqa: F405
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": os.path.join(tempfile.gettempdir(), "gatehouse-conformance.sqlite3"),
+    "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
+    # Per process: two suites running at once must not share the file.
+    "TEST": {
+        "NAME": os.path.join(
+            tempfile.gettempdir(), f"test_gatehouse-conformance-{os.getpid()}.sqlite3"
+        )
+    },
+}

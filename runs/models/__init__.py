@@ -1,3 +1,4 @@
+from runs.models.checkpoints import ChannelBlob, Checkpoint, PendingWrite
 from runs.models.tenancy import (
     ApiKey,
     IdempotencyRecord,
@@ -7,13 +8,19 @@ from runs.models.tenancy import (
     Tenant,
     TenantOwnedQuerySet,
 )
+from runs.models.threads import Thread, ThreadQuerySet
 
 __all__ = [
     "ApiKey",
+    "ChannelBlob",
+    "Checkpoint",
     "IdempotencyRecord",
     "Membership",
+    "PendingWrite",
     "Role",
     "Scope",
     "Tenant",
     "TenantOwnedQuerySet",
+    "Thread",
+    "ThreadQuerySet",
 ]
