@@ -49,3 +49,9 @@ API_KEY_CREATED = _declare(
     "api_key.created", "API key {prefix} '{name}' created with scopes {scopes}"
 )
 API_KEY_REVOKED = _declare("api_key.revoked", "API key {prefix} '{name}' revoked")
+
+# Keys
+MASTER_KEY_ROTATED = _declare(
+    "crypto.master_key_rotated",
+    "{rewrapped} thread data keys rewrapped under master key {key_id}",
+)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -104,6 +105,38 @@ class _LiveThread:
     thread_id: str
     cipher: ThreadCipher
     uses_delta_channels: bool
+
+
+class _HeldConnection:
+    """A worker thread's connection, closed when the thread lets go of it."""
+
+    def __init__(self, wrapper) -> None:
+        self.wrapper = wrapper
+
+    def __del__(self) -> None:
+        # Runs as the thread ends; psycopg's own close works from any thread.
+        if self.wrapper.connection is not None:
+            self.wrapper.connection.close()
+
+
+_thread_connections = threading.local()
+
+
+def _bind_thread_connection(alias: str) -> None:
+    """Reuse the thread's connection in a fresh copy of a context.
+
+    LangGraph runs `put` and `put_writes` on executor threads, each call in a
+    new copy of the caller's context, where Django finds no connection and
+    opens one per call. Here the first one is kept for the thread (and closed
+    with it) and handed to the later calls.
+    """
+    if any(c.alias == alias for c in connections.all(initialized_only=True)):
+        return
+    held = getattr(_thread_connections, alias, None)
+    if held is None:
+        setattr(_thread_connections, alias, _HeldConnection(connections[alias]))
+    else:
+        connections[alias] = held.wrapper
 
 
 def _is_inline(value: Any) -> bool:
@@ -227,7 +260,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         live = self._threads().filter(thread_id=thread_id, deleted_at__isnull=True)
         row = self._fetch_locked(live, self._THREAD_FIELDS)
         if row is None:
-            if self._threads().filter(thread_id=thread_id).exists():
+            tombstones = self._threads().filter(
+                thread_id=thread_id, deleted_at__isnull=False
+            )
+            if tombstones.exists():
                 raise ThreadDeleted(
                     f"thread {thread_id!r} was deleted; refusing a late write to "
                     "it (create the thread anew to reuse its id)"
@@ -273,6 +309,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        _bind_thread_connection(self.using)
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
         ns = configurable.get("checkpoint_ns", "")
@@ -366,6 +403,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
     ) -> None:
         if not writes:
             return
+        _bind_thread_connection(self.using)
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
         ns = configurable.get("checkpoint_ns", "")
@@ -419,6 +457,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         )
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        _bind_thread_connection(self.using)
         configurable = config["configurable"]
         queryset = self._checkpoints().filter(
             thread__thread_id=str(configurable["thread_id"]),
@@ -443,6 +482,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
+        _bind_thread_connection(self.using)
         queryset = self._checkpoints()
         if config:
             configurable = config["configurable"]
@@ -660,6 +700,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         """Shred the thread's key, delete its content, keep a tombstone."""
+        _bind_thread_connection(self.using)
         with transaction.atomic(using=self.using):
             threads = self._lock_threads(
                 self._threads().filter(
@@ -677,6 +718,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         run_ids = [str(run_id) for run_id in run_ids]
         if not run_ids:
             return
+        _bind_thread_connection(self.using)
         with transaction.atomic(using=self.using):
             thread_pks = (
                 self._checkpoints()
@@ -748,6 +790,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write, re-encrypted for the target."""
+        _bind_thread_connection(self.using)
         source_thread_id = str(source_thread_id)
         target_thread_id = str(target_thread_id)
         with transaction.atomic(using=self.using):
@@ -864,6 +907,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         thread_ids = [str(thread_id) for thread_id in thread_ids]
         if not thread_ids:
             return
+        _bind_thread_connection(self.using)
         live = self._threads().filter(thread_id__in=thread_ids, deleted_at__isnull=True)
         if strategy == "delete":
             with transaction.atomic(using=self.using):

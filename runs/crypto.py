@@ -51,7 +51,7 @@ import os
 import secrets
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -454,3 +454,94 @@ def shred_thread(*, thread: Thread, using: str | None = None) -> None:
     forget_data_key(thread.pk)
     thread.wrapped_data_key = None
     thread.data_key_id = ""
+
+
+# --- Master key rotation -----------------------------------------------------------
+
+
+@dataclass
+class RotationSummary:
+    key_id: str
+    rewrapped: int = 0
+    already_current: int = 0
+    shredded: int = 0
+    # Locked by a deletion in progress every time they came up: rerun.
+    busy: int = 0
+    # Wrapped by a master key that is no longer in the ring.
+    unreadable: dict[str, int] = field(default_factory=dict)
+    rewrapped_by_tenant: dict[int, int] = field(default_factory=dict)
+
+
+def rotate_data_keys(
+    *,
+    batch_size: int = 500,
+    using: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    passes: int = 3,
+) -> RotationSummary:
+    """Rewrap every data key not under the active master key; no content changes.
+
+    Works in batches, each in its own transaction, taking the threads' rows
+    FOR NO KEY UPDATE SKIP LOCKED: writers (FOR KEY SHARE) carry on meanwhile,
+    since a rewrapped key is the same key, and threads being shredded are
+    skipped for a later pass. Safe to interrupt and to rerun.
+    """
+    from runs.models import Thread
+
+    db = using or DEFAULT_DB_ALIAS
+    ring = keyring()
+    threads = Thread.objects.using(db)
+    summary = RotationSummary(key_id=ring.active_id)
+    summary.shredded = threads.filter(wrapped_data_key__isnull=True).count()
+    summary.already_current = threads.filter(
+        wrapped_data_key__isnull=False, data_key_id=ring.active_id
+    ).count()
+    pending = threads.filter(wrapped_data_key__isnull=False).exclude(
+        data_key_id=ring.active_id
+    )
+    unreadable_pks: set[int] = set()
+    for _ in range(passes):
+        last_pk = 0
+        while True:
+            with transaction.atomic(using=db):
+                batch = list(
+                    pending.filter(pk__gt=last_pk)
+                    .exclude(pk__in=unreadable_pks)
+                    .order_by("pk")
+                    .select_for_update(no_key=True, skip_locked=True)
+                    .only("pk", "tenant_id", "wrapped_data_key", "data_key_id")[
+                        :batch_size
+                    ]
+                )
+                if not batch:
+                    break
+                changed = []
+                for thread in batch:
+                    if thread.data_key_id not in ring.keys:
+                        unreadable_pks.add(thread.pk)
+                        summary.unreadable[thread.data_key_id] = (
+                            summary.unreadable.get(thread.data_key_id, 0) + 1
+                        )
+                        continue
+                    rewrapped = rewrap_data_key(
+                        wrapped=bytes(thread.wrapped_data_key),
+                        key_id=thread.data_key_id,
+                        tenant_id=thread.tenant_id,
+                    )
+                    thread.wrapped_data_key = rewrapped.wrapped
+                    thread.data_key_id = rewrapped.key_id
+                    changed.append(thread)
+                    summary.rewrapped_by_tenant[thread.tenant_id] = (
+                        summary.rewrapped_by_tenant.get(thread.tenant_id, 0) + 1
+                    )
+                Thread.objects.using(db).bulk_update(
+                    changed, ["wrapped_data_key", "data_key_id"]
+                )
+                summary.rewrapped += len(changed)
+                last_pk = batch[-1].pk
+            if on_progress is not None:
+                on_progress(len(batch))
+        if not pending.exclude(pk__in=unreadable_pks).exists():
+            break
+    summary.busy = pending.exclude(pk__in=unreadable_pks).count()
+    return summary

@@ -1,0 +1,535 @@
+"""DjangoSaver: real graphs, what lands in the database, and what it refuses."""
+
+import asyncio
+import base64
+import shutil
+import subprocess
+import uuid
+from typing import Annotated, TypedDict
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.core.management import call_command
+from django.db import connection, connections
+from django.test import override_settings
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import Command, interrupt
+
+from audit.models import AuditEvent
+from runs import crypto
+from runs.checkpointer import DjangoSaver
+from runs.crypto import NotCiphertext, TamperedCiphertext, ThreadDeleted
+from runs.models import ChannelBlob, Checkpoint, PendingWrite, Thread
+from runs.serde import DisallowedType
+from tests.factories import make_tenant
+
+# --- a graph that asks a human -----------------------------------------------------
+
+
+class ReviewState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    approved: bool
+    note: str
+
+
+def _draft(state: ReviewState) -> ReviewState:
+    request = state["messages"][-1].content
+    return {"messages": [AIMessage(f"Draft reply to: {request}")]}
+
+
+def _review(state: ReviewState) -> ReviewState:
+    answer = interrupt(
+        {"action": "send_reply", "preview": state["messages"][-1].content}
+    )
+    verdict = "Sent" if answer["approved"] else "Discarded"
+    return {
+        "approved": answer["approved"],
+        "note": answer["note"],
+        "messages": [AIMessage(f"{verdict}: {answer['note']}")],
+    }
+
+
+def review_graph(saver: DjangoSaver):
+    graph = StateGraph(ReviewState)
+    graph.add_node("draft", _draft)
+    graph.add_node("review", _review)
+    graph.add_edge(START, "draft")
+    graph.add_edge("draft", "review")
+    graph.add_edge("review", END)
+    return graph.compile(checkpointer=saver)
+
+
+def thread_config(thread_id: str, **metadata) -> dict:
+    return {"configurable": {"thread_id": thread_id}, "metadata": metadata}
+
+
+# --- put/get helpers ------------------------------------------------------------
+
+
+def put_checkpoint(saver, thread_id, values, *, parent=None, new_versions=None, **md):
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = values
+    checkpoint["channel_versions"] = {
+        channel: saver.get_next_version(None, None) for channel in values
+    }
+    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    if parent:
+        config["configurable"]["checkpoint_id"] = parent["configurable"][
+            "checkpoint_id"
+        ]
+    versions = checkpoint["channel_versions"] if new_versions is None else new_versions
+    metadata = {"source": "loop", "step": 0, **md}
+    return saver.put(config, checkpoint, metadata, versions)
+
+
+LONG = "x" * 2000  # a value too large to travel inside the checkpoint row
+
+
+# --- end to end -------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_graph_interrupts_and_resumes_through_the_saver():
+    saver = DjangoSaver(tenant=make_tenant())
+    graph = review_graph(saver)
+    config = thread_config("case-42")
+
+    first = graph.invoke({"messages": [HumanMessage("Refund order 7")]}, config)
+
+    assert first["__interrupt__"][0].value["action"] == "send_reply"
+    state = graph.get_state(config)
+    assert state.next == ("review",)
+    assert state.interrupts[0].value["preview"] == "Draft reply to: Refund order 7"
+
+    final = graph.invoke(Command(resume={"approved": True, "note": "ok"}), config)
+
+    assert final["approved"] is True
+    assert [m.content for m in final["messages"]] == [
+        "Refund order 7",
+        "Draft reply to: Refund order 7",
+        "Sent: ok",
+    ]
+    assert graph.get_state(config).next == ()
+    history = list(graph.get_state_history(config))
+    assert len(history) == Checkpoint.objects.count() >= 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_graph_interrupts_and_resumes_through_the_async_saver():
+    saver = DjangoSaver(tenant=make_tenant())
+    graph = review_graph(saver)
+    config = thread_config("case-43")
+
+    async def run():
+        try:
+            await graph.ainvoke({"messages": [HumanMessage("Cancel plan")]}, config)
+            paused = await graph.aget_state(config)
+            final = await graph.ainvoke(
+                Command(resume={"approved": False, "note": "no"}), config
+            )
+            return paused, final
+        finally:
+            # asgiref's worker thread outlives the test; so would its connection.
+            await sync_to_async(connections.close_all)()
+
+    paused, final = asyncio.run(run())
+
+    assert paused.next == ("review",)
+    assert final["messages"][-1].content == "Discarded: no"
+
+
+def _pg_dump(database: str) -> str:
+    settings = connection.settings_dict
+    pg_dump = shutil.which("pg_dump") or "/usr/lib/postgresql/15/bin/pg_dump"
+    command = [pg_dump, "--no-owner", "--dbname", database]
+    for flag, key in (("--host", "HOST"), ("--port", "PORT"), ("--username", "USER")):
+        if settings.get(key):
+            command += [flag, str(settings[key])]
+    env = {"PGPASSWORD": settings.get("PASSWORD") or ""}
+    return subprocess.run(
+        command, check=True, capture_output=True, text=True, env=env
+    ).stdout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_content_reaches_the_database_in_clear():
+    """Input, messages, metadata, the interrupt and the resume value all carry
+    a marker; a dump of the whole database holds it nowhere, not even as the
+    hex of a bytea."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    saver = DjangoSaver(tenant=make_tenant())
+    graph = review_graph(saver)
+    config = thread_config("case-dump", customer=marker)
+
+    graph.invoke({"messages": [HumanMessage(f"Refund {marker}")]}, config)
+    graph.invoke(Command(resume={"approved": True, "note": marker}), config)
+    assert marker in graph.get_state(config).values["messages"][-1].content
+    assert graph.get_state(config).metadata["customer"] == marker
+
+    dump = _pg_dump(connection.settings_dict["NAME"])
+
+    assert "case-dump" in dump  # the dump did dump the checkpoint store
+    assert marker not in dump
+    assert marker.encode().hex() not in dump
+    assert base64.b64encode(marker.encode()).decode()[:40] not in dump
+
+
+# --- tampering ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_ciphertext_copied_to_another_thread_fails():
+    saver = DjangoSaver(tenant=make_tenant())
+    put_checkpoint(saver, "a", {"text": LONG + "a"})
+    put_checkpoint(saver, "b", {"text": LONG + "b"})
+    stolen = ChannelBlob.objects.get(thread__thread_id="a").value
+    ChannelBlob.objects.filter(thread__thread_id="b").update(value=stolen)
+
+    with pytest.raises(TamperedCiphertext, match="failed authentication"):
+        saver.get_tuple(thread_config("b"))
+
+
+@pytest.mark.django_db
+def test_ciphertext_copied_to_another_tenant_fails():
+    ours, theirs = DjangoSaver(tenant=make_tenant()), DjangoSaver(tenant=make_tenant())
+    put_checkpoint(ours, "case-1", {"text": "ours"})
+    put_checkpoint(theirs, "case-1", {"text": "theirs"})
+    stolen = Checkpoint.objects.get(thread__tenant=ours.tenant)
+    Checkpoint.objects.filter(thread__tenant=theirs.tenant).update(
+        checkpoint=stolen.checkpoint, metadata=stolen.metadata
+    )
+
+    with pytest.raises(TamperedCiphertext):
+        theirs.get_tuple(thread_config("case-1"))
+
+
+@pytest.mark.django_db
+def test_ciphertext_moved_to_another_row_of_the_thread_fails():
+    saver = DjangoSaver(tenant=make_tenant())
+    first = put_checkpoint(saver, "a", {"text": LONG + "1"})
+    second = put_checkpoint(saver, "a", {"text": LONG + "2"}, parent=first)
+    older = ChannelBlob.objects.order_by("pk").first()
+    ChannelBlob.objects.exclude(pk=older.pk).update(value=older.value)
+
+    assert saver.get_tuple(first).checkpoint["channel_values"]["text"] == LONG + "1"
+    with pytest.raises(TamperedCiphertext):
+        saver.get_tuple(second)
+
+
+@pytest.mark.django_db
+def test_a_flipped_byte_fails():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"text": "hello"})
+    saver.put_writes(stored, [("text", "pending")], "task-1")
+    row = PendingWrite.objects.get()
+    flipped = bytearray(row.value)
+    flipped[20] ^= 0x40
+    PendingWrite.objects.filter(pk=row.pk).update(value=bytes(flipped))
+
+    with pytest.raises(TamperedCiphertext):
+        saver.get_tuple(stored)
+
+
+@pytest.mark.django_db
+def test_a_plaintext_row_is_refused():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"text": LONG})
+    typ, plain = saver.serde.dumps_typed("injected")
+    ChannelBlob.objects.update(value=plain)
+
+    with pytest.raises(NotCiphertext, match="refusing to read it as plaintext"):
+        saver.get_tuple(stored)
+
+
+@pytest.mark.django_db
+def test_a_missing_blob_is_reported_not_skipped():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"text": LONG})
+    ChannelBlob.objects.all().delete()
+
+    with pytest.raises(TamperedCiphertext, match="missing"):
+        saver.get_tuple(stored)
+
+
+# --- storage shape ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_small_values_are_inline_and_encrypted_large_ones_are_blobs():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"flag": True, "count": 3, "text": LONG})
+
+    assert list(ChannelBlob.objects.values_list("channel", flat=True)) == ["text"]
+    values = saver.get_tuple(stored).checkpoint["channel_values"]
+    assert values == {"flag": True, "count": 3, "text": LONG}
+
+
+@pytest.mark.django_db
+def test_put_writes_only_channels_with_a_new_version():
+    saver = DjangoSaver(tenant=make_tenant())
+    first = put_checkpoint(saver, "a", {"history": [LONG], "notes": [LONG]})
+    checkpoint = saver.get_tuple(first).checkpoint
+    checkpoint["id"] = empty_checkpoint()["id"]
+    new_version = saver.get_next_version(checkpoint["channel_versions"]["notes"], None)
+    checkpoint["channel_versions"]["notes"] = new_version
+    checkpoint["channel_values"]["notes"] = [LONG, LONG]
+    second = saver.put(first, checkpoint, {"step": 1}, {"notes": new_version})
+
+    assert ChannelBlob.objects.filter(channel="history").count() == 1
+    assert ChannelBlob.objects.filter(channel="notes").count() == 2
+    loaded = saver.get_tuple(second).checkpoint["channel_values"]
+    assert loaded == {"history": [LONG], "notes": [LONG, LONG]}
+
+
+@pytest.mark.django_db
+def test_special_writes_are_overwritten_and_regular_ones_are_not():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {})
+    saver.put_writes(stored, [("answer", "first")], "task-1")
+    saver.put_writes(stored, [("answer", "second")], "task-1")
+    saver.put_writes(stored, [("__interrupt__", "first")], "task-1")
+    saver.put_writes(stored, [("__interrupt__", "second")], "task-1")
+
+    writes = saver.get_tuple(stored).pending_writes
+    assert sorted(writes) == [
+        ("task-1", "__interrupt__", "second"),
+        ("task-1", "answer", "first"),
+    ]
+
+
+@pytest.mark.django_db
+def test_pending_writes_come_back_in_langgraph_order():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {})
+    saver.put_writes(stored, [("c", 1), ("c", 2)], "task-b", task_path="~b")
+    saver.put_writes(stored, [("c", 3)], "task-a", task_path="~b")
+    saver.put_writes(stored, [("c", 4)], "task-z", task_path="~a")
+
+    writes = saver.get_tuple(stored).pending_writes
+    assert [value for _, _, value in writes] == [4, 3, 1, 2]
+
+
+@pytest.mark.django_db
+def test_list_filters_on_encrypted_metadata():
+    saver = DjangoSaver(tenant=make_tenant())
+    first = put_checkpoint(saver, "a", {}, customer={"tier": "gold", "id": 7})
+    put_checkpoint(saver, "a", {}, parent=first, customer={"tier": "basic"})
+
+    matches = list(
+        saver.list(thread_config("a"), filter={"customer": {"tier": "gold"}})
+    )
+
+    assert [t.config for t in matches] == [first]
+    assert Checkpoint.objects.filter(metadata__contains=b"gold").count() == 0
+
+
+@pytest.mark.django_db
+def test_the_saver_sees_only_its_tenant():
+    ours, theirs = DjangoSaver(tenant=make_tenant()), DjangoSaver(tenant=make_tenant())
+    put_checkpoint(ours, "case-1", {"who": "ours"})
+    put_checkpoint(theirs, "case-1", {"who": "theirs"})
+    put_checkpoint(theirs, "case-2", {"who": "theirs"})
+
+    assert ours.get_tuple(thread_config("case-1")).checkpoint["channel_values"] == {
+        "who": "ours"
+    }
+    assert ours.get_tuple(thread_config("case-2")) is None
+    assert [t.config["configurable"]["thread_id"] for t in ours.list(None)] == [
+        "case-1"
+    ]
+    assert Thread.objects.count() == 3
+
+
+@pytest.mark.django_db
+def test_a_type_outside_the_allow_list_is_refused_on_load():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"when": uuid.UUID(int=1), "odd": Odd(1)})
+
+    with pytest.raises(DisallowedType, match="Odd"):
+        saver.get_tuple(stored)
+    allowing = DjangoSaver(tenant=saver.tenant, allowed_types=[Odd])
+    assert allowing.get_tuple(stored).checkpoint["channel_values"]["odd"] == Odd(1)
+
+
+class Odd(tuple):
+    """A type no allow-list names."""
+
+    def __new__(cls, value):
+        return super().__new__(cls, (value,))
+
+    def _asdict(self):
+        return {"value": self[0]}
+
+
+@pytest.mark.django_db
+def test_copy_thread_re_encrypts_for_the_target():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "source", {"text": LONG})
+    saver.put_writes(stored, [("text", "pending")], "task-1")
+
+    saver.copy_thread("source", "target")
+
+    copied = saver.get_tuple(thread_config("target"))
+    assert copied.checkpoint["channel_values"] == {"text": LONG}
+    assert copied.pending_writes == [("task-1", "text", "pending")]
+    source_blob, target_blob = ChannelBlob.objects.order_by("thread_id")
+    assert source_blob.value != target_blob.value
+
+
+# --- deletion ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_shredding_makes_everything_unreadable_at_once():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"text": LONG})
+    saver.put_writes(stored, [("text", "pending")], "task-1")
+    thread = Thread.objects.get()
+
+    crypto.shred_thread(thread=thread)
+
+    assert Checkpoint.objects.count() == 1  # the rows are still there...
+    with pytest.raises(ThreadDeleted, match="data key was destroyed"):
+        saver.get_tuple(stored)  # ...and nothing in them can be read
+    with pytest.raises(ThreadDeleted):
+        list(saver.list(None))
+    with pytest.raises(ThreadDeleted):
+        saver.put_writes(stored, [("text", "late")], "task-2")
+
+
+@pytest.mark.django_db
+def test_delete_thread_leaves_a_tombstone_and_no_content():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"text": LONG})
+    saver.put_writes(stored, [("text", "pending")], "task-1")
+
+    saver.delete_thread("a")
+
+    thread = Thread.objects.get()
+    assert thread.deleted_at is not None and thread.wrapped_data_key is None
+    assert Checkpoint.objects.count() == ChannelBlob.objects.count() == 0
+    assert PendingWrite.objects.count() == 0
+    assert saver.get_tuple(thread_config("a")) is None
+    assert not Thread.objects.for_tenant(saver.tenant).exists()
+
+
+@pytest.mark.django_db
+def test_a_late_write_cannot_resurrect_a_deleted_thread():
+    tenant = make_tenant()
+    in_flight = DjangoSaver(tenant=tenant)
+    stored = put_checkpoint(in_flight, "a", {"text": "hello"})
+
+    DjangoSaver(tenant=tenant).delete_thread("a")
+
+    with pytest.raises(ThreadDeleted, match="refusing a late write"):
+        put_checkpoint(in_flight, "a", {"text": "late"}, parent=stored)
+    with pytest.raises(ThreadDeleted):
+        in_flight.put_writes(stored, [("text", "late")], "task-1")
+    # A saver that never saw the thread is refused as well.
+    with pytest.raises(ThreadDeleted):
+        put_checkpoint(DjangoSaver(tenant=tenant), "a", {"text": "late"})
+    assert Checkpoint.objects.count() == PendingWrite.objects.count() == 0
+    assert Thread.objects.for_tenant(tenant).count() == 0
+
+
+@pytest.mark.django_db
+def test_a_late_write_does_not_land_in_a_new_thread_with_the_same_id():
+    tenant = make_tenant()
+    in_flight = DjangoSaver(tenant=tenant)
+    stored = put_checkpoint(in_flight, "a", {"text": "old"})
+    in_flight.delete_thread("a")
+    Thread.objects.create_with_data_key(tenant=tenant, thread_id="a")
+
+    with pytest.raises(ThreadDeleted):
+        in_flight.put_writes(stored, [("text", "late")], "task-1")
+    fresh = DjangoSaver(tenant=tenant)
+    put_checkpoint(fresh, "a", {"text": "new"})
+    assert fresh.get_tuple(thread_config("a")).checkpoint["channel_values"] == {
+        "text": "new"
+    }
+    assert PendingWrite.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_thread_under_legal_hold_cannot_be_deleted():
+    saver = DjangoSaver(tenant=make_tenant())
+    put_checkpoint(saver, "a", {"text": "kept"})
+    Thread.objects.update(legal_hold=True)
+
+    with pytest.raises(crypto.ThreadUnderLegalHold):
+        saver.delete_thread("a")
+    assert saver.get_tuple(thread_config("a")) is not None
+
+
+@pytest.mark.django_db
+def test_keep_latest_keeps_only_the_blobs_the_latest_checkpoint_uses():
+    saver = DjangoSaver(tenant=make_tenant())
+    first = put_checkpoint(saver, "a", {"text": LONG + "1"})
+    second = put_checkpoint(saver, "a", {"text": LONG + "2"}, parent=first)
+
+    saver.prune(["a"], strategy="keep_latest")
+
+    assert list(Checkpoint.objects.values_list("checkpoint_id", flat=True)) == [
+        second["configurable"]["checkpoint_id"]
+    ]
+    assert ChannelBlob.objects.count() == 1
+    latest = saver.get_tuple(thread_config("a"))
+    assert latest.checkpoint["channel_values"] == {"text": LONG + "2"}
+    assert latest.parent_config is None
+
+
+# --- master key rotation ------------------------------------------------------------
+
+
+def _key(key_id: str, fill: str) -> str:
+    return f"{key_id}:{base64.b64encode(fill.encode() * 32).decode()}"
+
+
+OLD, NEW = _key("old", "o"), _key("new", "n")
+
+
+@pytest.mark.django_db
+def test_after_rotation_and_removal_of_the_old_key_everything_decrypts(capsys):
+    with override_settings(GATEHOUSE_MASTER_KEYS=OLD):
+        saver = DjangoSaver(tenant=make_tenant())
+        first = put_checkpoint(saver, "a", {"text": LONG, "n": 1})
+        saver.put_writes(first, [("text", "pending")], "task-1")
+        put_checkpoint(saver, "b", {"text": LONG + "b"})
+        before = dict(ChannelBlob.objects.values_list("pk", "value"))
+
+    with override_settings(GATEHOUSE_MASTER_KEYS=f"{NEW},{OLD}"):
+        call_command("rotate_master_key", batch_size=1, verbosity=0)
+        call_command("rotate_master_key", verbosity=0)  # a rerun finds nothing
+
+    with override_settings(GATEHOUSE_MASTER_KEYS=NEW):
+        loaded = saver.get_tuple(first)
+        assert loaded.checkpoint["channel_values"] == {"text": LONG, "n": 1}
+        assert loaded.pending_writes == [("task-1", "text", "pending")]
+        assert saver.get_tuple(thread_config("b")) is not None
+    assert set(Thread.objects.values_list("data_key_id", flat=True)) == {"new"}
+    # Only the keys were rewrapped: no checkpoint was re-encrypted.
+    assert dict(ChannelBlob.objects.values_list("pk", "value")) == before
+    output = capsys.readouterr().out
+    assert "rewrapped 2, already current 0, shredded 0" in output
+    assert "rewrapped 0, already current 2, shredded 0" in output
+    event = AuditEvent.objects.get(kind="crypto.master_key_rotated")
+    assert event.data == {"key_id": "new", "rewrapped": 2}
+
+
+@pytest.mark.django_db
+def test_rotation_skips_shredded_threads_and_names_keys_missing_from_the_ring():
+    from django.core.management.base import CommandError
+
+    with override_settings(GATEHOUSE_MASTER_KEYS=OLD):
+        saver = DjangoSaver(tenant=make_tenant())
+        put_checkpoint(saver, "a", {"n": 1})
+        put_checkpoint(saver, "b", {"n": 2})
+        saver.delete_thread("b")
+
+    with override_settings(GATEHOUSE_MASTER_KEYS=NEW):
+        with pytest.raises(CommandError, match="old \\(1 threads\\)"):
+            call_command("rotate_master_key", verbosity=0)
+    assert Thread.objects.get(thread_id="a", deleted_at=None).data_key_id == "old"

@@ -1,0 +1,175 @@
+"""runs.crypto: data keys, thread ciphertext bound to its row, shredding."""
+
+import dataclasses
+import pickle
+
+import pytest
+
+from runs import crypto
+from runs.crypto import (
+    NotCiphertext,
+    TamperedCiphertext,
+    ThreadCipher,
+    ThreadDeleted,
+    ThreadUnderLegalHold,
+)
+from runs.models import Thread
+from runs.serde import DisallowedType, StrictSerializer, UnknownEncoding
+from tests.factories import make_tenant
+
+pytestmark = pytest.mark.django_db
+
+ROW = ("run-input", "run-1")
+
+
+def make_thread(tenant=None, thread_id="case-1") -> Thread:
+    return Thread.objects.create_with_data_key(
+        tenant=tenant or make_tenant(), thread_id=thread_id
+    )
+
+
+@dataclasses.dataclass
+class Refund:
+    order_id: str
+    amount: int
+
+
+def test_value_round_trips_under_its_row():
+    cipher = ThreadCipher.for_thread(make_thread())
+    blob = cipher.encrypt_value({"text": "hello", "n": 3}, row=ROW)
+    assert cipher.decrypt_value(blob, row=ROW) == {"text": "hello", "n": 3}
+
+
+def test_ciphertext_is_versioned_and_freshly_nonced():
+    cipher = ThreadCipher.for_thread(make_thread())
+    first = cipher.encrypt(b"same", row=ROW)
+    second = cipher.encrypt(b"same", row=ROW)
+    assert first[0] == crypto.FORMAT_V1 == second[0]
+    assert first[1:13] != second[1:13]
+    assert b"same" not in first
+
+
+def test_ciphertext_moved_to_another_row_fails():
+    cipher = ThreadCipher.for_thread(make_thread())
+    blob = cipher.encrypt_value("secret", row=("run-input", "run-1"))
+    with pytest.raises(TamperedCiphertext, match="failed authentication"):
+        cipher.decrypt_value(blob, row=("run-input", "run-2"))
+    with pytest.raises(TamperedCiphertext):
+        cipher.decrypt_value(blob, row=("tool-result", "run-1"))
+
+
+def test_ciphertext_moved_to_another_thread_fails():
+    tenant = make_tenant()
+    source = ThreadCipher.for_thread(make_thread(tenant, "case-1"))
+    other = ThreadCipher.for_thread(make_thread(tenant, "case-2"))
+    blob = source.encrypt_value("secret", row=ROW)
+    with pytest.raises(TamperedCiphertext):
+        other.decrypt_value(blob, row=ROW)
+
+
+def test_ciphertext_moved_to_another_tenant_fails_even_with_the_same_key():
+    thread = make_thread()
+    cipher = ThreadCipher.for_thread(thread)
+    blob = cipher.encrypt_value("secret", row=ROW)
+    # The same data key, claimed by a thread of another tenant with the same pk.
+    impostor = ThreadCipher(
+        tenant_id=thread.tenant_id + 1, thread_pk=thread.pk, aead=cipher._aead
+    )
+    with pytest.raises(TamperedCiphertext):
+        impostor.decrypt_value(blob, row=ROW)
+
+
+@pytest.mark.parametrize("position", [0, 1, 12, 13, -1])
+def test_a_flipped_byte_fails(position):
+    cipher = ThreadCipher.for_thread(make_thread())
+    blob = bytearray(cipher.encrypt_value("secret", row=ROW))
+    blob[position] ^= 0x01
+    with pytest.raises((TamperedCiphertext, NotCiphertext)):
+        cipher.decrypt_value(bytes(blob), row=ROW)
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [b"", b"\x83\xa4text\xa5hello", pickle.dumps("hello"), b"\x01short"],
+)
+def test_plaintext_is_refused(stored):
+    cipher = ThreadCipher.for_thread(make_thread())
+    with pytest.raises(NotCiphertext, match="refusing to read it as plaintext"):
+        cipher.decrypt_value(stored, row=ROW)
+
+
+def test_large_values_are_compressed_before_encryption():
+    cipher = ThreadCipher.for_thread(make_thread())
+    value = {"messages": ["the same sentence, again and again. "] * 500}
+    blob = cipher.encrypt_value(value, row=ROW)
+    assert len(blob) < len(StrictSerializer().dumps(value)) / 10
+    assert cipher.decrypt_value(blob, row=ROW) == value
+
+
+def test_data_key_is_bound_to_its_tenant():
+    thread = make_thread()
+    with pytest.raises(TamperedCiphertext):
+        crypto.unwrap_data_key(
+            wrapped=thread.wrapped_data_key,
+            key_id=thread.data_key_id,
+            tenant_id=thread.tenant_id + 1,
+        )
+
+
+def test_new_data_keys_are_wrapped_by_the_active_master_key():
+    thread = make_thread()
+    assert thread.data_key_id == crypto.keyring().active_id
+    assert len(thread.wrapped_data_key) == 1 + 12 + 32 + 16
+
+
+def test_shredded_thread_content_cannot_be_decrypted():
+    thread = make_thread()
+    blob = ThreadCipher.for_thread(thread).encrypt_value("secret", row=ROW)
+    crypto.shred_thread(thread=thread)
+    assert Thread.objects.get(pk=thread.pk).wrapped_data_key is None
+    with pytest.raises(ThreadDeleted, match="data key was destroyed"):
+        ThreadCipher.for_thread(thread)
+    with pytest.raises(ThreadDeleted):
+        ThreadCipher.load(thread_pk=thread.pk).decrypt_value(blob, row=ROW)
+
+
+def test_shredding_evicts_the_cached_key():
+    thread = make_thread()
+    ThreadCipher.for_thread(thread)
+    assert any(key[0] == thread.pk for key in crypto.keyring().data_keys)
+    crypto.shred_thread(thread=thread)
+    assert not any(key[0] == thread.pk for key in crypto.keyring().data_keys)
+
+
+def test_thread_under_legal_hold_cannot_be_shredded():
+    thread = make_thread()
+    Thread.objects.filter(pk=thread.pk).update(legal_hold=True)
+    with pytest.raises(ThreadUnderLegalHold):
+        crypto.shred_thread(thread=thread)
+    assert Thread.objects.get(pk=thread.pk).wrapped_data_key is not None
+
+
+def test_strict_serializer_refuses_pickle_and_json_constructors():
+    serializer = StrictSerializer()
+    with pytest.raises(UnknownEncoding, match="no pickle"):
+        serializer.loads_typed(("pickle", pickle.dumps("x")))
+    with pytest.raises(UnknownEncoding):
+        serializer.loads_typed(("json", b'{"lc": 2, "type": "constructor"}'))
+
+
+def test_strict_serializer_refuses_types_outside_the_allow_list():
+    serializer = StrictSerializer()
+    stored = serializer.dumps({"refund": Refund("A-1", 40)})
+    with pytest.raises(DisallowedType, match="test_crypto.Refund"):
+        serializer.loads(stored)
+    allowing = StrictSerializer(allowed_types=[Refund])
+    assert allowing.loads(stored) == {"refund": Refund("A-1", 40)}
+
+
+def test_strict_serializer_loads_langgraph_and_langchain_types():
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.types import Interrupt, Send
+
+    serializer = StrictSerializer()
+    value = [HumanMessage("hi"), AIMessage("hello"), Interrupt("ok?"), Send("n", 1)]
+    assert serializer.loads(serializer.dumps(value)) == value
