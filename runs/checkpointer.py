@@ -26,21 +26,31 @@ even when the id has meanwhile been given to a new thread.
 Each write takes `FOR KEY SHARE` on its thread's row (Postgres) and checks it
 is alive in the same transaction; shredding, deleting and pruning take
 `FOR UPDATE`, so they wait for writes in flight and later writes wait for them.
+
+On Postgres the hot paths are single prepared statements, as PostgresSaver's
+are: a `put` or `put_writes` to a thread this saver already wrote to is one
+statement (lock, check, insert), and `get_tuple` one query (the checkpoint,
+its blobs and its writes). Other databases (SQLite) take the portable path:
+the ORM in a transaction, and two or three queries per read.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import random
 import threading
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cache, lru_cache
+from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
-from django.db.models import Max, Q
+from django.db.models import Max, Q, Subquery
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -79,8 +89,15 @@ _CHECKPOINT_FIELDS = (
     "checkpoint_ns",
     "checkpoint_id",
     "parent_checkpoint_id",
+    "blob_versions",
     "checkpoint",
     "metadata",
+)
+# The same, in SQL over `{checkpoint} c JOIN {thread} t`.
+_ROW_COLUMNS = (
+    "c.thread_id, t.thread_id, t.wrapped_data_key, t.data_key_id, c.checkpoint_ns, "
+    "c.checkpoint_id, c.parent_checkpoint_id, c.blob_versions, c.checkpoint, "
+    "c.metadata"
 )
 
 
@@ -95,8 +112,124 @@ class _Row:
     ns: str
     checkpoint_id: str
     parent_checkpoint_id: str
+    blob_versions: dict[str, str] | str
     checkpoint: bytes | memoryview
     metadata: bytes | memoryview
+
+
+@dataclass(frozen=True)
+class _PutPlan:
+    """What a put stores, before encryption."""
+
+    ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str
+    step: int | None
+    source: str
+    run_id: str
+    body: dict[str, Any]
+    metadata: dict[str, Any]
+    blobs: list[tuple[str, str, Any]]  # channel, version, value
+    blob_versions: dict[str, str]  # every blob the checkpoint uses
+    uses_delta: bool
+
+
+@dataclass(frozen=True)
+class _SealedPut:
+    checkpoint: bytes
+    metadata: bytes
+    blobs: list[tuple[str, str, bytes]]
+
+
+# The one-round-trip write path (Postgres): a single statement locks the
+# thread's row FOR KEY SHARE, inserts only if the thread is alive (not shredded,
+# not deleted) and answers whether it was. A deletion holding the row FOR UPDATE
+# makes it wait, then find the thread dead and insert nothing.
+_ALIVE_THREAD = (
+    "WITH t AS (SELECT id FROM {thread} WHERE id = %s AND deleted_at IS NULL "
+    "AND wrapped_data_key IS NOT NULL FOR KEY SHARE)"
+)
+
+
+@lru_cache(maxsize=32)
+def _put_statement(blob_count: int) -> str:
+    parts = [_ALIVE_THREAD.format(thread=Thread._meta.db_table)]
+    if blob_count:
+        rows = ", ".join(["(%s::text, %s::text, %s::bytea)"] * blob_count)
+        parts.append(
+            f"blobs AS (INSERT INTO {ChannelBlob._meta.db_table} "
+            "(thread_id, checkpoint_ns, channel, version, value) "
+            "SELECT t.id, %s::text, v.channel, v.version, v.value "
+            f"FROM t, (VALUES {rows}) AS v(channel, version, value) "
+            "ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING)"
+        )
+    parts.append(
+        f"saved AS (INSERT INTO {Checkpoint._meta.db_table} (thread_id, "
+        "checkpoint_ns, checkpoint_id, parent_checkpoint_id, step, source, run_id, "
+        "blob_versions, checkpoint, metadata, created_at) "
+        "SELECT t.id, %s::text, %s::text, %s::text, %s::integer, %s::text, "
+        "%s::text, %s::jsonb, %s::bytea, %s::bytea, %s::timestamptz FROM t "
+        "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
+        "checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, "
+        "step = EXCLUDED.step, source = EXCLUDED.source, run_id = EXCLUDED.run_id, "
+        "blob_versions = EXCLUDED.blob_versions)"
+    )
+    return ", ".join(parts) + " SELECT count(*) FROM t"
+
+
+@lru_cache(maxsize=32)
+def _put_writes_statement(write_count: int, upsert: bool) -> str:
+    rows = ", ".join(["(%s::integer, %s::text, %s::bytea)"] * write_count)
+    on_conflict = (
+        "DO UPDATE SET channel = EXCLUDED.channel, task_path = EXCLUDED.task_path, "
+        "value = EXCLUDED.value"
+        if upsert
+        else "DO NOTHING"
+    )
+    return (
+        _ALIVE_THREAD.format(thread=Thread._meta.db_table)
+        + f", saved AS (INSERT INTO {PendingWrite._meta.db_table} (thread_id, "
+        "checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value) "
+        "SELECT t.id, %s::text, %s::text, %s::text, %s::text, v.idx, v.channel, "
+        f"v.value FROM t, (VALUES {rows}) AS v(idx, channel, value) "
+        "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) "
+        f"{on_conflict}) SELECT count(*) FROM t"
+    )
+
+
+@lru_cache(maxsize=8)
+def _pg_get_tuple_statement(where: str) -> str:
+    """A checkpoint with its blobs and writes as arrays, as PostgresSaver does."""
+    tables = _read_tables()
+    return (
+        f"SELECT {_ROW_COLUMNS}, "
+        "(SELECT array_agg(ARRAY[convert_to(b.channel, 'UTF8'), "
+        "convert_to(b.version, 'UTF8'), b.value]) "
+        # LATERAL and LIMIT (a fence against flattening): one index lookup per
+        # blob, never a scan of all the thread's blobs.
+        "FROM jsonb_each_text(c.blob_versions) AS used "
+        f"CROSS JOIN LATERAL (SELECT * FROM {tables.blob} WHERE thread_id = "
+        "c.thread_id AND checkpoint_ns = c.checkpoint_ns AND channel = used.key "
+        "AND version = used.value LIMIT 1) AS b), "
+        "(SELECT array_agg(ARRAY[convert_to(w.task_id, 'UTF8'), "
+        "convert_to(w.idx::text, 'UTF8'), convert_to(w.channel, 'UTF8'), "
+        "convert_to(w.task_path, 'UTF8'), w.value]) "
+        f"FROM {tables.write} w WHERE w.thread_id = c.thread_id "
+        "AND w.checkpoint_ns = c.checkpoint_ns "
+        "AND w.checkpoint_id = c.checkpoint_id) "
+        f"FROM {tables.checkpoint} c JOIN {tables.thread} t ON t.id = c.thread_id "
+        f"WHERE {where} ORDER BY c.checkpoint_id DESC LIMIT 1"
+    )
+
+
+@cache
+def _read_tables() -> SimpleNamespace:
+    return SimpleNamespace(
+        thread=Thread._meta.db_table,
+        checkpoint=Checkpoint._meta.db_table,
+        blob=ChannelBlob._meta.db_table,
+        write=PendingWrite._meta.db_table,
+    )
 
 
 @dataclass(frozen=True)
@@ -176,8 +309,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             raise ValueError("DjangoSaver needs a saved tenant")
         self.tenant = tenant
         self.using = using or DEFAULT_DB_ALIAS
-        # thread_id -> pk of the thread row this saver wrote to.
-        self._written_threads: dict[str, int] = {}
+        # thread_id -> (pk, cipher) of the thread row this saver wrote to.
+        self._written_threads: dict[str, tuple[int, ThreadCipher]] = {}
 
     def with_allowlist(self, extra_allowlist: Iterable[tuple[str, ...]]) -> DjangoSaver:
         """LangGraph's hook for the types a graph's state declares."""
@@ -250,15 +383,16 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         pinned = self._written_threads.get(thread_id)
         if pinned is not None:
             row = self._fetch_locked(
-                Thread.objects.using(self.using).filter(pk=pinned), self._THREAD_FIELDS
+                Thread.objects.using(self.using).filter(pk=pinned[0]),
+                self._THREAD_FIELDS,
             )
-            if row is None:
-                raise ThreadDeleted(
-                    f"thread {thread_id!r} was deleted; refusing a late write to it"
-                )
-            return self._live_thread(row)
+            if row is not None:
+                return self._live_thread(row)
+            # Not visible: created by a write of this saver that has not
+            # committed yet (LangGraph writes from several threads), or gone.
         live = self._threads().filter(thread_id=thread_id, deleted_at__isnull=True)
         row = self._fetch_locked(live, self._THREAD_FIELDS)
+        created = False
         if row is None:
             tombstones = self._threads().filter(
                 thread_id=thread_id, deleted_at__isnull=False
@@ -268,12 +402,17 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                     f"thread {thread_id!r} was deleted; refusing a late write to "
                     "it (create the thread anew to reuse its id)"
                 )
-            row = self._create_thread(thread_id, live)
+            row, created = self._create_thread(thread_id, live)
         thread = self._live_thread(row)
-        self._written_threads[thread_id] = thread.pk
+        if pinned is not None and thread.pk != pinned[0] and not created:
+            raise ThreadDeleted(
+                f"thread {thread_id!r} was deleted and its id given to a new "
+                "thread; refusing a late write from the old one"
+            )
+        self._written_threads[thread_id] = (thread.pk, thread.cipher)
         return thread
 
-    def _create_thread(self, thread_id: str, live) -> tuple:
+    def _create_thread(self, thread_id: str, live) -> tuple[tuple, bool]:
         try:
             with transaction.atomic(using=self.using):
                 thread = Thread.objects.using(self.using).create_with_data_key(
@@ -284,8 +423,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             row = self._fetch_locked(live, self._THREAD_FIELDS)
             if row is None:
                 raise
-            return row
-        return (
+            return row, False
+        row = (
             thread.pk,
             thread.thread_id,
             thread.wrapped_data_key,
@@ -293,6 +432,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             None,
             False,
         )
+        return row, True
 
     def _mark_delta(self, thread: _LiveThread) -> None:
         if not thread.uses_delta_channels:
@@ -301,6 +441,12 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             )
 
     # --- writes -------------------------------------------------------------------
+    #
+    # The first write of a saver to a thread looks the thread up (creating it if
+    # need be) in a transaction. Later writes to it go in one round trip on
+    # Postgres: a pipeline that locks the thread row FOR KEY SHARE and inserts
+    # only if the thread is still alive, so a shredded or deleted thread gets
+    # nothing, and the caller a ThreadDeleted.
 
     def put(
         self,
@@ -309,11 +455,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        _bind_thread_connection(self.using)
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
         ns = configurable.get("checkpoint_ns", "")
-        parent_id = configurable.get("checkpoint_id")
         checkpoint_id = checkpoint["id"]
         versions = checkpoint["channel_versions"]
 
@@ -332,60 +476,36 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         body["channel_values"] = inline
         body["blob_channels"] = sorted(blob_values)
         stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
-        uses_delta = any(
-            isinstance(v, _DeltaSnapshot) for v in blob_values.values()
-        ) or any(key in stored_metadata for key in _DELTA_METADATA_KEYS)
         step = stored_metadata.get("step")
         source = stored_metadata.get("source")
         run_id = stored_metadata.get("run_id")
-
-        with transaction.atomic(using=self.using):
-            thread = self._thread_for_write(thread_id)
-            cipher = thread.cipher
-            blobs = [
-                ChannelBlob(
-                    thread_id=thread.pk,
-                    checkpoint_ns=ns,
-                    channel=channel,
-                    version=str(version),
-                    value=cipher.encrypt_value(
-                        blob_values[channel],
-                        row=("blob", ns, channel, str(version)),
-                        serializer=self.serde,
-                    ),
-                )
+        plan = _PutPlan(
+            ns=ns,
+            checkpoint_id=checkpoint_id,
+            parent_checkpoint_id=configurable.get("checkpoint_id") or "",
+            step=step if type(step) is int else None,
+            source=source if isinstance(source, str) else "",
+            run_id=str(run_id) if run_id is not None else "",
+            body=body,
+            metadata=stored_metadata,
+            blobs=[
+                (channel, str(version), blob_values[channel])
                 for channel, version in new_versions.items()
                 if channel in blob_values
-            ]
-            if blobs:
-                ChannelBlob.objects.using(self.using).bulk_create(
-                    blobs, ignore_conflicts=True
-                )
-            row = Checkpoint(
-                thread_id=thread.pk,
-                checkpoint_ns=ns,
-                checkpoint_id=checkpoint_id,
-                parent_checkpoint_id=parent_id or "",
-                step=step if type(step) is int else None,
-                source=source if isinstance(source, str) else "",
-                run_id=str(run_id) if run_id is not None else "",
-                checkpoint=cipher.encrypt_value(
-                    body, row=("checkpoint", ns, checkpoint_id), serializer=self.serde
-                ),
-                metadata=cipher.encrypt_value(
-                    stored_metadata,
-                    row=("metadata", ns, checkpoint_id),
-                    serializer=self.serde,
-                ),
-            )
-            Checkpoint.objects.using(self.using).bulk_create(
-                [row],
-                update_conflicts=True,
-                unique_fields=["thread", "checkpoint_ns", "checkpoint_id"],
-                update_fields=["checkpoint", "metadata", "step", "source", "run_id"],
-            )
-            if uses_delta:
-                self._mark_delta(thread)
+            ],
+            blob_versions={ch: str(versions[ch]) for ch in sorted(blob_values)},
+            uses_delta=any(isinstance(v, _DeltaSnapshot) for v in blob_values.values())
+            or any(key in stored_metadata for key in _DELTA_METADATA_KEYS),
+        )
+        _bind_thread_connection(self.using)
+        known = self._written_threads.get(thread_id)
+        if not (
+            known is not None
+            and self._pipelined
+            and not plan.uses_delta
+            and self._put_pipelined(*known, plan)
+        ):
+            self._put_in_transaction(thread_id, plan)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -393,6 +513,118 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 "checkpoint_id": checkpoint_id,
             }
         }
+
+    def _seal_put(self, cipher: ThreadCipher, plan: _PutPlan) -> _SealedPut:
+        ns, checkpoint_id = plan.ns, plan.checkpoint_id
+        return _SealedPut(
+            checkpoint=cipher.encrypt_value(
+                plan.body, row=("checkpoint", ns, checkpoint_id), serializer=self.serde
+            ),
+            metadata=cipher.encrypt_value(
+                plan.metadata,
+                row=("metadata", ns, checkpoint_id),
+                serializer=self.serde,
+            ),
+            blobs=[
+                (
+                    channel,
+                    version,
+                    cipher.encrypt_value(
+                        value, row=("blob", ns, channel, version), serializer=self.serde
+                    ),
+                )
+                for channel, version, value in plan.blobs
+            ],
+        )
+
+    def _put_in_transaction(self, thread_id: str, plan: _PutPlan) -> None:
+        with transaction.atomic(using=self.using):
+            thread = self._thread_for_write(thread_id)
+            sealed = self._seal_put(thread.cipher, plan)
+            if sealed.blobs:
+                ChannelBlob.objects.using(self.using).bulk_create(
+                    [
+                        ChannelBlob(
+                            thread_id=thread.pk,
+                            checkpoint_ns=plan.ns,
+                            channel=channel,
+                            version=version,
+                            value=value,
+                        )
+                        for channel, version, value in sealed.blobs
+                    ],
+                    ignore_conflicts=True,
+                )
+            Checkpoint.objects.using(self.using).bulk_create(
+                [
+                    Checkpoint(
+                        thread_id=thread.pk,
+                        checkpoint_ns=plan.ns,
+                        checkpoint_id=plan.checkpoint_id,
+                        parent_checkpoint_id=plan.parent_checkpoint_id,
+                        step=plan.step,
+                        source=plan.source,
+                        run_id=plan.run_id,
+                        blob_versions=plan.blob_versions,
+                        checkpoint=sealed.checkpoint,
+                        metadata=sealed.metadata,
+                    )
+                ],
+                update_conflicts=True,
+                unique_fields=["thread", "checkpoint_ns", "checkpoint_id"],
+                update_fields=[
+                    "checkpoint",
+                    "metadata",
+                    "step",
+                    "source",
+                    "run_id",
+                    "blob_versions",
+                ],
+            )
+            if plan.uses_delta:
+                self._mark_delta(thread)
+
+    def _put_pipelined(
+        self, thread_pk: int, cipher: ThreadCipher, plan: _PutPlan
+    ) -> bool:
+        sealed = self._seal_put(cipher, plan)
+        # In the order of the placeholders of _put_statement.
+        params: list[Any] = [thread_pk]
+        if sealed.blobs:
+            params.append(plan.ns)
+        for channel, version, value in sealed.blobs:
+            params += (channel, version, value)
+        params += (
+            plan.ns,
+            plan.checkpoint_id,
+            plan.parent_checkpoint_id,
+            plan.step,
+            plan.source,
+            plan.run_id,
+            json.dumps(plan.blob_versions),
+            sealed.checkpoint,
+            sealed.metadata,
+            timezone.now(),
+        )
+        return self._write_if_alive(_put_statement(len(sealed.blobs)), params)
+
+    def _write_if_alive(self, sql: str, params: Sequence[Any]) -> bool:
+        """Run a guarded write; False if the thread row was not found alive.
+
+        Then nothing was written: the caller takes the transactional path,
+        which tells a deleted thread from one whose creation has not
+        committed yet (LangGraph writes from several threads at once).
+        """
+        connection = connections[self.using]
+        connection.ensure_connection()
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            (alive,) = cursor.fetchone()
+        return alive == 1
+
+    @property
+    def _pipelined(self) -> bool:
+        return connections[self.using].vendor == "postgresql"
 
     def put_writes(
         self,
@@ -403,35 +635,61 @@ class DjangoSaver(BaseCheckpointSaver[str]):
     ) -> None:
         if not writes:
             return
-        _bind_thread_connection(self.using)
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
         ns = configurable.get("checkpoint_ns", "")
         checkpoint_id = configurable["checkpoint_id"]
         special = all(channel in WRITES_IDX_MAP for channel, _ in writes)
+        indexed = [
+            (WRITES_IDX_MAP.get(channel, position), channel, value)
+            for position, (channel, value) in enumerate(writes)
+        ]
+        if special:
+            # Upserted one after another, the last write of a channel wins;
+            # one statement may not touch a row twice, so keep only that one.
+            indexed = list({idx: (idx, ch, v) for idx, ch, v in indexed}.values())
+
+        def seal(cipher: ThreadCipher) -> list[tuple[int, str, bytes]]:
+            return [
+                (
+                    idx,
+                    channel,
+                    cipher.encrypt_value(
+                        value,
+                        row=_write_row(
+                            ns, checkpoint_id, task_id, idx, channel, task_path
+                        ),
+                        serializer=self.serde,
+                    ),
+                )
+                for idx, channel, value in indexed
+            ]
+
+        _bind_thread_connection(self.using)
+        known = self._written_threads.get(thread_id)
+        if known is not None and self._pipelined:
+            thread_pk, cipher = known
+            params: list[Any] = [thread_pk, ns, checkpoint_id, task_id, task_path]
+            for row in seal(cipher):
+                params += row
+            statement = _put_writes_statement(len(indexed), special)
+            if self._write_if_alive(statement, params):
+                return
         with transaction.atomic(using=self.using):
             thread = self._thread_for_write(thread_id)
-            rows = []
-            for position, (channel, value) in enumerate(writes):
-                idx = WRITES_IDX_MAP.get(channel, position)
-                rows.append(
-                    PendingWrite(
-                        thread_id=thread.pk,
-                        checkpoint_ns=ns,
-                        checkpoint_id=checkpoint_id,
-                        task_id=task_id,
-                        idx=idx,
-                        channel=channel,
-                        task_path=task_path,
-                        value=thread.cipher.encrypt_value(
-                            value,
-                            row=_write_row(
-                                ns, checkpoint_id, task_id, idx, channel, task_path
-                            ),
-                            serializer=self.serde,
-                        ),
-                    )
+            rows = [
+                PendingWrite(
+                    thread_id=thread.pk,
+                    checkpoint_ns=ns,
+                    checkpoint_id=checkpoint_id,
+                    task_id=task_id,
+                    idx=idx,
+                    channel=channel,
+                    task_path=task_path,
+                    value=value,
                 )
+                for idx, channel, value in seal(thread.cipher)
+            ]
             manager = PendingWrite.objects.using(self.using)
             if special:
                 manager.bulk_create(
@@ -457,22 +715,125 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         )
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """One query on Postgres: the checkpoint, its blobs and its writes."""
         _bind_thread_connection(self.using)
         configurable = config["configurable"]
-        queryset = self._checkpoints().filter(
-            thread__thread_id=str(configurable["thread_id"]),
-            checkpoint_ns=configurable.get("checkpoint_ns", ""),
+        tables = _read_tables()
+        # The thread's id is resolved first, so the latest checkpoint comes from
+        # a backward scan of its unique index, whatever the thread's length.
+        where = (
+            f"c.thread_id = (SELECT id FROM {tables.thread} WHERE tenant_id = %s "
+            "AND thread_id = %s AND deleted_at IS NULL) AND c.checkpoint_ns = %s"
+        )
+        params: tuple = (
+            self.tenant.pk,
+            str(configurable["thread_id"]),
+            configurable.get("checkpoint_ns", ""),
         )
         if checkpoint_id := get_checkpoint_id(config):
-            queryset = queryset.filter(checkpoint_id=checkpoint_id)
-        else:
-            queryset = queryset.order_by("-checkpoint_id")
-        rows = [
-            _Row(*values) for values in queryset.values_list(*_CHECKPOINT_FIELDS)[:1]
-        ]
-        if not rows:
+            where += " AND c.checkpoint_id = %s"
+            params += (checkpoint_id,)
+        if self._pipelined:
+            rows = self._query([(_pg_get_tuple_statement(where), params)])[0]
+            if not rows:
+                return None
+            *checkpoint_row, stored_blobs, stored_writes = rows[0]
+            row = _Row(*checkpoint_row)
+            blobs = {
+                (row.thread_pk, row.ns, channel.decode(), version.decode()): value
+                for channel, version, value in stored_blobs or ()
+            }
+            writes = [
+                (task_id.decode(), int(idx), channel.decode(), path.decode(), value)
+                for task_id, idx, channel, path, value in stored_writes or ()
+            ]
+            return self._decrypt_tuple(row, blobs, writes)
+        return self._get_tuple_in_steps(where, params)
+
+    def _get_tuple_in_steps(self, where: str, params: tuple) -> CheckpointTuple | None:
+        """The portable way: the checkpoint and its writes, then its blobs."""
+        tables = _read_tables()
+        latest = (
+            f"FROM {tables.checkpoint} c WHERE {where} "
+            "ORDER BY c.checkpoint_id DESC LIMIT 1"
+        )
+        checkpoint_sql = (
+            f"SELECT {_ROW_COLUMNS} FROM {tables.checkpoint} c JOIN {tables.thread} "
+            f"t ON t.id = c.thread_id WHERE {where} ORDER BY c.checkpoint_id DESC "
+            "LIMIT 1"
+        )
+        writes_sql = (
+            "SELECT w.task_id, w.idx, w.channel, w.task_path, w.value "
+            f"FROM {tables.write} w WHERE (w.thread_id, w.checkpoint_ns, "
+            "w.checkpoint_id) = (SELECT c.thread_id, c.checkpoint_ns, "
+            f"c.checkpoint_id {latest})"
+        )
+        found, writes = self._query([(checkpoint_sql, params), (writes_sql, params)])
+        if not found:
             return None
-        return self._load_tuples(rows)[0]
+        row = _Row(*found[0])
+        stored = []
+        if versions := self._blob_versions(row):
+            pairs = " OR ".join(["(channel = %s AND version = %s)"] * len(versions))
+            blob_params: tuple = (row.thread_pk, row.ns)
+            for channel, version in versions.items():
+                blob_params += (channel, version)
+            (stored,) = self._query(
+                [
+                    (
+                        f"SELECT channel, version, value FROM {tables.blob} "
+                        f"WHERE thread_id = %s AND checkpoint_ns = %s AND ({pairs})",
+                        blob_params,
+                    )
+                ]
+            )
+        blobs = {
+            (row.thread_pk, row.ns, channel, version): value
+            for channel, version, value in stored
+        }
+        return self._decrypt_tuple(row, blobs, [tuple(w) for w in writes])
+
+    def _blob_versions(self, row: _Row) -> dict[str, str]:
+        stored = row.blob_versions
+        return json.loads(stored) if isinstance(stored, str) else stored or {}
+
+    def _decrypt_tuple(
+        self,
+        row: _Row,
+        blobs: dict[tuple[int, str, str, str], bytes],
+        writes: list[tuple],
+    ) -> CheckpointTuple:
+        cipher = self._cipher(row)
+        metadata = cipher.decrypt_value(
+            row.metadata,
+            row=("metadata", row.ns, row.checkpoint_id),
+            serializer=self.serde,
+        )
+        body = cipher.decrypt_value(
+            row.checkpoint,
+            row=("checkpoint", row.ns, row.checkpoint_id),
+            serializer=self.serde,
+        )
+        key = (row.thread_pk, row.ns, row.checkpoint_id)
+        return self._build_tuple(row, cipher, body, metadata, blobs, {key: writes})
+
+    def _query(self, statements: list[tuple[str, tuple]]) -> list[list[tuple]]:
+        """Run read statements; on Postgres prepared, with binary results."""
+        connection = connections[self.using]
+        results = []
+        if not self._pipelined:
+            with connection.cursor() as cursor:
+                for sql, params in statements:
+                    cursor.execute(sql, params)
+                    results.append(cursor.fetchall())
+            return results
+        connection.ensure_connection()
+        with psycopg.Cursor(connection.connection) as cursor:
+            for sql, params in statements:
+                # Prepared: planning these costs Postgres more than running them.
+                cursor.execute(sql, params, binary=True, prepare=True)
+                results.append(cursor.fetchall())
+        return results
 
     def list(
         self,
@@ -487,9 +848,12 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         if config:
             configurable = config["configurable"]
             if "thread_id" in configurable:
-                queryset = queryset.filter(
-                    thread__thread_id=str(configurable["thread_id"])
+                # A subquery, not a join condition: the thread's checkpoints
+                # then come from its index already in order.
+                thread = self._threads().filter(
+                    thread_id=str(configurable["thread_id"]), deleted_at__isnull=True
                 )
+                queryset = queryset.filter(thread_id=Subquery(thread.values("pk")[:1]))
             if (ns := configurable.get("checkpoint_ns")) is not None:
                 queryset = queryset.filter(checkpoint_ns=ns)
             if checkpoint_id := get_checkpoint_id(config):
@@ -761,21 +1125,14 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
     def _collect_blobs(self, thread: Thread, ns: str) -> None:
         """Delete the namespace's blobs that no remaining checkpoint uses."""
-        if thread.wrapped_data_key is None:
-            return
-        cipher = ThreadCipher.for_thread(thread)
         used: set[tuple[str, str]] = set()
-        for checkpoint_id, stored in (
+        for versions in (
             Checkpoint.objects.using(self.using)
             .filter(thread=thread, checkpoint_ns=ns)
-            .values_list("checkpoint_id", "checkpoint")
+            .values_list("blob_versions", flat=True)
             .iterator(chunk_size=_BATCH)
         ):
-            body = cipher.decrypt_value(
-                stored, row=("checkpoint", ns, checkpoint_id), serializer=self.serde
-            )
-            versions = body["channel_versions"]
-            used.update((ch, str(versions[ch])) for ch in body["blob_channels"])
+            used.update(versions.items())
         garbage = [
             pk
             for pk, channel, version in ChannelBlob.objects.using(self.using)
@@ -855,6 +1212,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 "step",
                 "source",
                 "run_id",
+                "blob_versions",
                 "checkpoint",
                 "metadata",
                 "created_at",

@@ -19,7 +19,8 @@ class Checkpoint(models.Model):
     `checkpoint` holds the encrypted checkpoint without its large channel
     values (those are `ChannelBlob` rows); `metadata` the encrypted metadata.
     `step`, `source` and `run_id` are copies of metadata fields, kept to
-    narrow `list(filter=...)` and for `delete_for_runs`.
+    narrow `list(filter=...)` and for `delete_for_runs`; `blob_versions`
+    names the blobs the checkpoint uses. All are structure, never content.
     """
 
     thread = models.ForeignKey(
@@ -31,6 +32,10 @@ class Checkpoint(models.Model):
     step = models.IntegerField(null=True, blank=True)
     source = models.CharField(max_length=16, blank=True)
     run_id = models.CharField(max_length=64, blank=True)
+    # Channel -> version of the values kept as ChannelBlob rows, so one query
+    # finds them. The encrypted checkpoint holds the same, and reads trust
+    # only that: an altered map finds no blob, which is an error.
+    blob_versions = models.JSONField(default=dict)
     checkpoint = models.BinaryField()
     metadata = models.BinaryField()
     created_at = models.DateTimeField(default=timezone.now)
