@@ -1063,20 +1063,17 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             ).delete()
 
     def delete_thread(self, thread_id: str) -> None:
-        """Shred the thread's key, delete its content, keep a tombstone."""
+        """Destroy every thread of the tenant stored under this id.
+
+        The live one and any tombstone that still has rows: see
+        `destroy_thread`, which deletion requests call with the thread row.
+        """
         _bind_thread_connection(self.using)
         with transaction.atomic(using=self.using):
-            threads = self._lock_threads(
-                self._threads().filter(
-                    thread_id=str(thread_id), deleted_at__isnull=True
-                )
-            )
-            for thread in threads:
-                crypto.shred_thread(thread=thread, using=self.using)
-                Thread.objects.using(self.using).filter(pk=thread.pk).update(
-                    deleted_at=timezone.now(), metadata={}, subject_hash=""
-                )
-            self._delete_content([thread.pk for thread in threads])
+            for thread in self._lock_threads(
+                self._threads().filter(thread_id=str(thread_id))
+            ):
+                destroy_thread(thread=thread, using=self.using)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         run_ids = [str(run_id) for run_id in run_ids]
@@ -1384,6 +1381,33 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
     ) -> None:
         await sync_to_async(self.prune)(thread_ids, strategy=strategy)
+
+
+def destroy_thread(*, thread: Thread, using: str | None = None) -> None:
+    """Shred the thread's key, delete its checkpoints, blobs and writes, and
+    leave the row as a tombstone that refuses late writes. Idempotent.
+
+    By row, not by id: a new thread that has since taken the client's id is
+    not touched. Refused (`ThreadUnderLegalHold`) under legal hold.
+    """
+    db = using or thread._state.db or DEFAULT_DB_ALIAS
+    with transaction.atomic(using=db):
+        locked = Thread.objects.using(db).select_for_update().get(pk=thread.pk)
+        if locked.legal_hold:
+            raise crypto.ThreadUnderLegalHold(
+                f"thread {locked.thread_id!r} is under legal hold; release the "
+                "hold before deleting it"
+            )
+        if locked.wrapped_data_key is not None:
+            crypto.shred_thread(thread=locked, using=db)
+        if locked.deleted_at is None:
+            Thread.objects.using(db).filter(pk=thread.pk).update(
+                deleted_at=timezone.now(), metadata={}, subject_hash=""
+            )
+        for model in (PendingWrite, ChannelBlob, Checkpoint):
+            model.objects.using(db).filter(thread_id=thread.pk).delete()
+    thread.wrapped_data_key = None
+    thread.data_key_id = ""
 
 
 def _write_row(
