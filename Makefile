@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The suite runs against the real Postgres and Redis.
 export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gatehouse
 
-.PHONY: run test lint bench-checkpoints clean-var
+.PHONY: run test lint bench-checkpoints bench-resume
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,6 @@ lint: $(VENV)/.dev
 
 bench-checkpoints: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/checkpoints.py
+
+bench-resume: $(VENV)/.dev
+	$(PY) bench/resume.py

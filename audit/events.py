@@ -1,9 +1,39 @@
 """Every kind of audit event, declared once, with the template of its summary.
 
-A summary is formatted from the event's structured data; it must never carry
-personal data, only identifiers, counts and labels that are safe to keep for
-as long as the audit trail is kept.
+The rule on personal data
+-------------------------
+
+The trail is kept for years, longer than the threads it describes and after
+their deletion, so it must never hold what a customer or a user wrote. An
+event carries identifiers (thread, run, approval and order ids), counts,
+statuses, labels of actors, and digests; never message text, tool arguments or
+tool results in clear. `audit.services.record()` enforces the mechanical part:
+
+- `data` is a flat mapping of short values: None, booleans, numbers, strings
+  of at most `MAX_TEXT` characters and lists of those. A plain nested mapping
+  is refused, because it is how tool arguments, resume values and state leak
+  in whole.
+- Arguments (of a tool call, of an approval request, of an edited approval)
+  go through `audit.redaction.describe(args, safe_keys)`: every value becomes
+  a keyed digest (`hmac-sha256:<16 hex>`) except the keys that the agent
+  declares safe to show (an order id, an amount), which stay in clear. The
+  result is the one kind of nested mapping `record()` accepts.
+- A summary is formatted from the event's data plus `thread_id`, `run_id`,
+  `action` and `actor` (the actor's label), so it can only say what the data
+  already says.
+
+Free text that a person typed (a reviewer's note, an error message built from
+input) is digested or reduced to a fact ("with a note"), never stored as is.
+
+Declaring a kind
+----------------
+
+`NAME = _declare("noun.verb", "summary template")`. Optional keywords:
+`timeline=False` for kinds that would clutter a thread's story (they are
+still stored, queried and exported).
 """
+
+from __future__ import annotations
 
 from dataclasses import dataclass
 
@@ -12,6 +42,9 @@ from dataclasses import dataclass
 class EventKind:
     name: str
     summary: str
+    # Shown in a thread's compact timeline; noisy kinds (every state read)
+    # opt out and are only counted there.
+    timeline: bool = True
 
     def summarise(self, **data: object) -> str:
         try:
@@ -25,10 +58,10 @@ class EventKind:
 REGISTRY: dict[str, EventKind] = {}
 
 
-def _declare(name: str, summary: str) -> EventKind:
+def _declare(name: str, summary: str, *, timeline: bool = True) -> EventKind:
     if name in REGISTRY:
         raise ValueError(f"audit event kind {name!r} declared twice")
-    kind = EventKind(name=name, summary=summary)
+    kind = EventKind(name=name, summary=summary, timeline=timeline)
     REGISTRY[name] = kind
     return kind
 
@@ -50,8 +83,87 @@ API_KEY_CREATED = _declare(
 )
 API_KEY_REVOKED = _declare("api_key.revoked", "API key {prefix} '{name}' revoked")
 
+# The trail itself
+# A deleted thread's tombstone: what was removed, when and on whose request,
+# never the content. Recorded through audit.services.thread_tombstone_record().
+THREAD_DELETED = _declare(
+    "thread.deleted",
+    "thread {thread_id} deleted on request of {requested_by}; its content was "
+    "destroyed",
+)
+AUDIT_PURGED = _declare(
+    "audit.purged",
+    "audit events up to #{through_seq} purged ({events} events older than {before})",
+)
+
 # Keys
 MASTER_KEY_ROTATED = _declare(
     "crypto.master_key_rotated",
     "{rewrapped} thread data keys rewrapped under master key {key_id}",
 )
+
+# Threads and runs
+THREAD_CREATED = _declare("thread.created", "thread created for agent {agent}")
+THREAD_FORKED = _declare(
+    "thread.forked", "checkpoint {checkpoint_id} forked from {parent_checkpoint_id}"
+)
+STATE_READ = _declare(
+    "thread.state_read", "state read at checkpoint {checkpoint_id}", timeline=False
+)
+RUN_QUEUED = _declare("run.queued", "{kind} run queued on {agent}@{version}")
+RUN_STARTED = _declare("run.started", "run started on {worker} (attempt {attempt})")
+RUN_RECOVERED = _declare(
+    "run.recovered", "run taken over after its worker was lost (lease of {worker})"
+)
+RUN_INTERRUPTED = _declare("run.interrupted", "run stopped for {count} approval(s)")
+RUN_SUCCEEDED = _declare("run.succeeded", "run finished")
+RUN_FAILED = _declare("run.failed", "run failed: {error_type}")
+RUN_CANCELLED = _declare("run.cancelled", "run cancelled: {reason}")
+TOOL_CALL_STARTED = _declare("tool_call.started", "{tool} called with key {key}")
+TOOL_CALL_SUCCEEDED = _declare("tool_call.succeeded", "{tool} succeeded (key {key})")
+
+# Approvals
+APPROVAL_REQUESTED = _declare(
+    "approval.requested", "approval requested for {action} (risk {risk})"
+)
+APPROVAL_DECIDED = _declare("approval.decided", "{action} {verdict} by {reviewer}")
+
+# The reviewer's desk (approvals admin)
+APPROVAL_REASSIGNED = _declare(
+    "approval.reassigned", "{action} request assigned to {assignee} by {actor}"
+)
+APPROVAL_ESCALATED_MANUALLY = _declare(
+    "approval.escalated_manually",
+    "{action} request escalated to level {level} by {actor}",
+)
+
+# Retention: policies, legal holds, deletion requests and the scheduled jobs
+RETENTION_POLICY_CHANGED = _declare(
+    "retention.policy_changed", "retention policy changed: {fields}"
+)
+RETENTION_JOB_RAN = _declare(
+    "retention.job_ran", "retention job {job} ran: {outcome}", timeline=False
+)
+LEGAL_HOLD_PLACED = _declare(
+    "legal_hold.placed", "legal hold #{hold_id} placed on {target} by {actor}"
+)
+LEGAL_HOLD_LIFTED = _declare(
+    "legal_hold.lifted", "legal hold #{hold_id} on {target} lifted by {actor}"
+)
+DELETION_REQUESTED = _declare(
+    "deletion.requested",
+    "deletion of {target} requested by {actor} ({threads} thread(s), {status})",
+)
+DELETION_COMPLETED = _declare(
+    "deletion.completed",
+    "deletion request {deletion_request} completed: {threads} thread(s) removed",
+)
+APPROVAL_ESCALATED = _declare(
+    "approval.escalated",
+    "{action} request unanswered: {step} (level {level}), {notified} notified",
+)
+APPROVAL_EXPIRED = _declare(
+    "approval.expired",
+    "{action} request expired unanswered: denied by the system, run resumed",
+)
+APPROVAL_CLOSED = _declare("approval.closed", "{action} request closed: {reason}")

@@ -1,25 +1,42 @@
-"""record(): the one way anything writes to the audit trail."""
+"""record(): the one way anything writes to the audit trail; and the trail's own
+use cases: tombstones of deleted threads, the retention purge, verification."""
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
+from django.db.models import Min
+from django.utils import timezone
 
-from audit import events
-from audit.models import ActorType, AuditEvent, AuditSequence
+from audit import events, sealing
+from audit.models import (
+    ActorType,
+    AuditBlock,
+    AuditChainHead,
+    AuditEvent,
+    AuditSequence,
+    AuditVerification,
+)
+from audit.redaction import clean_data
 from runs.models import Tenant
 
 
 @dataclass(frozen=True)
 class Actor:
-    """Who did something, with a label that still reads after they are gone."""
+    """Who did something, with a label that still reads after they are gone.
+
+    `on_behalf_of` names the person an API key acted for (a reviewer deciding
+    through a chat bot); it is also part of the label, for reading.
+    """
 
     type: str
     id: str = ""
     label: str = ""
+    on_behalf_of: str = ""
 
     @classmethod
     def system(cls, label: str = "system") -> Actor:
@@ -34,18 +51,41 @@ class Actor:
         label = f"key {api_key.prefix} ({api_key.name})"
         if on_behalf_of:
             label += f" for {on_behalf_of}"
-        return cls(type=ActorType.API_KEY, id=str(api_key.pk), label=label[:200])
+        return cls(
+            type=ActorType.API_KEY,
+            id=str(api_key.pk),
+            label=label[:200],
+            on_behalf_of=on_behalf_of[:200],
+        )
 
     @classmethod
     def agent(cls, name: str) -> Actor:
         return cls(type=ActorType.AGENT, id=name, label=f"agent {name}")
 
 
-def _next_seq(tenant: Tenant) -> int:
-    AuditSequence.objects.get_or_create(tenant=tenant)
-    # The UPDATE takes the row lock until commit: see AuditSequence.
-    AuditSequence.objects.filter(tenant=tenant).update(last_seq=F("last_seq") + 1)
-    return AuditSequence.objects.values_list("last_seq", flat=True).get(tenant=tenant)
+def _next_seq(tenant_id: int) -> int:
+    """The tenant's next sequence number; its row stays locked until commit.
+
+    One UPDATE ... RETURNING both takes the lock and reads the number. The
+    lock is what makes committed numbers gap-free (see AuditSequence).
+    """
+    table = connection.ops.quote_name(AuditSequence._meta.db_table)
+    sql = (
+        f"UPDATE {table} SET last_seq = last_seq + 1 "
+        "WHERE tenant_id = %s RETURNING last_seq"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tenant_id])
+        row = cursor.fetchone()
+        if row is None:
+            # The tenant's first event. Two first events may race here; the
+            # conflict-ignoring insert lets both go on to the UPDATE.
+            AuditSequence.objects.bulk_create(
+                [AuditSequence(tenant_id=tenant_id)], ignore_conflicts=True
+            )
+            cursor.execute(sql, [tenant_id])
+            row = cursor.fetchone()
+    return row[0]
 
 
 def record(
@@ -61,22 +101,170 @@ def record(
     """Append an event to the tenant's trail inside the caller's transaction.
 
     Call it last in a service's transaction: the tenant's sequence row stays
-    locked until that transaction commits.
+    locked until that transaction commits. `data` must follow the rule on
+    personal data in audit/events.py; a breach raises ValueError.
     """
     declared = events.get(kind.name)
-    data = data or {}
-    summary = declared.summarise(**data)
+    cleaned = clean_data(data or {})
+    run_id = str(run_id) if run_id else ""
+    context = {
+        "thread_id": thread_id,
+        "run_id": run_id,
+        "action": action,
+        "actor": actor.label,
+        **cleaned,
+    }
+    summary = declared.summarise(**context)
     with transaction.atomic():
+        seq = _next_seq(tenant.pk)
+        # Stamped after the sequence lock is taken, so that within a tenant
+        # time never goes backwards as the sequence goes forwards.
         return AuditEvent.objects.create(
             tenant=tenant,
-            seq=_next_seq(tenant),
+            seq=seq,
+            occurred_at=timezone.now(),
             actor_type=actor.type,
-            actor_id=actor.id,
+            actor_id=str(actor.id)[:64],
             actor_label=actor.label[:200],
+            actor_on_behalf_of=actor.on_behalf_of[:200],
             kind=declared.name,
             thread_id=thread_id,
-            run_id=str(run_id) if run_id else "",
-            action=action,
+            run_id=run_id,
+            action=action[:100],
             summary=summary[:500],
-            data=data,
+            data=cleaned,
         )
+
+
+def thread_tombstone_record(
+    *,
+    tenant: Tenant,
+    thread_id: str,
+    actor: Actor,
+    requested_by: Actor,
+    deletion_request_id: str | int = "",
+    requested_at: datetime.datetime | None = None,
+    removed: Mapping[str, int] | None = None,
+) -> AuditEvent:
+    """The tombstone of a deleted thread: what, when, on whose request.
+
+    `removed` counts what went (`{"checkpoints": 12, "runs": 3}`); no content
+    of the thread is ever passed here. Call it in the deletion's transaction.
+    """
+    data: dict[str, Any] = {
+        "requested_by": requested_by.label,
+        "requested_by_type": requested_by.type,
+        "requested_by_id": requested_by.id,
+        "deletion_request": str(deletion_request_id),
+    }
+    if requested_at is not None:
+        data["requested_at"] = requested_at.isoformat()
+    for name, count in (removed or {}).items():
+        data[f"removed_{name}"] = int(count)
+    return record(
+        tenant=tenant,
+        kind=events.THREAD_DELETED,
+        actor=actor,
+        thread_id=thread_id,
+        action="delete",
+        data=data,
+    )
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    through_seq: int
+    events: int
+    blocks: int
+    event: AuditEvent | None
+
+
+def _purge_mode(on: bool) -> None:
+    """Lift (or restore) the append-only triggers for this transaction at most
+    (Postgres). Restored explicitly as well: the caller's transaction may go
+    on after the purge."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('gatehouse.audit_purge', %s, true)",
+                ["on" if on else "off"],
+            )
+
+
+@transaction.atomic
+def purge_before(
+    *, tenant: Tenant, before: datetime.datetime, actor: Actor | None = None
+) -> PurgeResult:
+    """Delete the tenant's sealed events older than `before`, by whole blocks.
+
+    Only events covered by blocks are purged, and only whole blocks, so the
+    chain stays verifiable: the purge event records the hash of the last
+    removed block, which the first remaining block chains to. That event is
+    itself part of the trail. Nothing is recorded when nothing was purged.
+    """
+    if timezone.is_naive(before):
+        raise ValueError("before must be an aware datetime")
+    AuditChainHead.objects.get_or_create(tenant=tenant)
+    # Waits for a sealer of this tenant to finish; no new block appears while
+    # the purge decides where to cut.
+    AuditChainHead.objects.select_for_update().get(tenant=tenant)
+    first_recent = (
+        AuditEvent.objects.for_tenant(tenant)
+        .filter(occurred_at__gte=before)
+        .aggregate(seq=Min("seq"))["seq"]
+    )
+    candidates = AuditBlock.objects.for_tenant(tenant)
+    if first_recent is not None:
+        candidates = candidates.filter(last_seq__lt=first_recent)
+    last_block = (
+        candidates.order_by("-last_seq").values_list("last_seq", "block_hash").first()
+    )
+    start, _ = sealing._purge_anchor(tenant.pk)
+    if last_block is None or last_block[0] < start:
+        return PurgeResult(through_seq=start - 1, events=0, blocks=0, event=None)
+    through_seq, anchor_hash = last_block
+    # On an error, the rollback (to this function's savepoint when nested)
+    # reverts the setting with everything else.
+    _purge_mode(True)
+    purged_events, _ = (
+        AuditEvent.objects.for_tenant(tenant).filter(seq__lte=through_seq).delete()
+    )
+    purged_blocks, _ = (
+        AuditBlock.objects.for_tenant(tenant).filter(last_seq__lte=through_seq).delete()
+    )
+    _purge_mode(False)
+    event = record(
+        tenant=tenant,
+        kind=events.AUDIT_PURGED,
+        actor=actor or Actor.system("audit retention"),
+        data={
+            "through_seq": through_seq,
+            "anchor_hash": anchor_hash,
+            "events": purged_events,
+            "blocks": purged_blocks,
+            "before": before.astimezone(datetime.UTC).isoformat(),
+        },
+    )
+    return PurgeResult(
+        through_seq=through_seq,
+        events=purged_events,
+        blocks=purged_blocks,
+        event=event,
+    )
+
+
+def audit_verify(*, tenant: Tenant, checked_by: str = "") -> AuditVerification:
+    """Recompute the tenant's chain and keep the outcome for the admin."""
+    check = sealing.verify_tenant(tenant_id=tenant.pk)
+    return AuditVerification.objects.create(
+        tenant=tenant,
+        ok=check.ok,
+        blocks=check.blocks,
+        events=check.events,
+        unsealed=check.unsealed,
+        first_bad_seq=check.first_bad_seq,
+        problem=check.problem[:500],
+        head_seq=check.head_seq,
+        head_hash=check.head_hash,
+        checked_by=checked_by[:200],
+    )

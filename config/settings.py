@@ -169,6 +169,11 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "ThreadStatusEnum": "runs.models.threads.Thread.Status",
+        "RunStatusEnum": "runs.models.execution.Run.Status",
+        "ApprovalStatusEnum": "approvals.models.ApprovalRequest.Status",
+    },
 }
 
 # --- Celery -----------------------------------------------------------------------
@@ -207,9 +212,20 @@ GATEHOUSE_MASTER_KEYS = env.str("GATEHOUSE_MASTER_KEYS", default="")
 GATEHOUSE_MASTER_KEY_FILE = VAR_DIR / "master.key"
 
 # Agents bundled with Gatehouse, as name@version -> "module:factory".
-GATEHOUSE_BUILTIN_AGENTS: dict[str, str] = {}
+GATEHOUSE_BUILTIN_AGENTS = {"refund@1": "runs.agents.refund:build_graph"}
 # More agents from the environment: "name@version=package.module:factory,...".
 GATEHOUSE_AGENTS = env.str("GATEHOUSE_AGENTS", default="")
+# The demo payments provider's response latency in seconds (tests use it to
+# kill a worker inside the crash window).
+GATEHOUSE_DEMO_PAYMENT_LATENCY = env.float(
+    "GATEHOUSE_DEMO_PAYMENT_LATENCY", default=0.0
+)
+# How long a run's lease lasts without a heartbeat before another worker may
+# take the run over; workers renew it every third of that.
+GATEHOUSE_RUN_LEASE_SECONDS = env.int("GATEHOUSE_RUN_LEASE_SECONDS", default=30)
+# Default time, by risk, before an approval request is due (tenants' retention
+# policies override it).
+GATEHOUSE_APPROVAL_DUE_HOURS = {"low": 24, "medium": 8, "high": 4}
 # Versions that start no new threads: "name@version,...".
 GATEHOUSE_DRAINING_AGENTS = env.list("GATEHOUSE_DRAINING_AGENTS", default=[])
 
@@ -222,3 +238,39 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
+
+# --- Retention ---------------------------------------------------------------------
+# Defaults of every tenant's retention policy (retention.models.RetentionPolicy);
+# a tenant admin overrides them per tenant in the admin.
+# A thread with no activity for this long is expired: key shredded, rows removed.
+GATEHOUSE_CHECKPOINT_TTL_DAYS = env.int("GATEHOUSE_CHECKPOINT_TTL_DAYS", default=90)
+# Checkpoints kept per thread (and subgraph namespace) by the pruning job.
+GATEHOUSE_KEEP_LATEST_CHECKPOINTS = env.int(
+    "GATEHOUSE_KEEP_LATEST_CHECKPOINTS", default=20
+)
+# Audit events older than this are purged (whole sealed blocks); never shorter
+# than the checkpoint TTL.
+GATEHOUSE_AUDIT_RETENTION_DAYS = env.int(
+    "GATEHOUSE_AUDIT_RETENTION_DAYS", default=7 * 365
+)
+# The escalation chain of an unanswered approval: a reminder to reviewers at its
+# due time, then compliance officers this many hours after the reminder, then
+# expiry (a denial with a system note that resumes the run) this many hours
+# after the escalation.
+GATEHOUSE_APPROVAL_ESCALATE_AFTER_HOURS = env.int(
+    "GATEHOUSE_APPROVAL_ESCALATE_AFTER_HOURS", default=4
+)
+GATEHOUSE_APPROVAL_EXPIRE_AFTER_HOURS = env.int(
+    "GATEHOUSE_APPROVAL_EXPIRE_AFTER_HOURS", default=24
+)
+# Rows (threads, approvals, requests) each retention batch takes; one batch is
+# one short transaction.
+GATEHOUSE_RETENTION_BATCH_SIZE = env.int("GATEHOUSE_RETENTION_BATCH_SIZE", default=100)
+# A scheduled retention job stops after this long and the next run goes on, so
+# runs of one job do not pile up; `manage.py retention_run` has no limit.
+GATEHOUSE_RETENTION_TIME_BUDGET_SECONDS = env.int(
+    "GATEHOUSE_RETENTION_TIME_BUDGET_SECONDS", default=240
+)
+# Where links in notices point (the admin of this deployment).
+GATEHOUSE_BASE_URL = env.str("GATEHOUSE_BASE_URL", default="http://127.0.0.1:8000")
+# --- end Retention -----------------------------------------------------------------

@@ -179,3 +179,5 @@ class ApiKeyAdmin(TenantScopedAdmin):
         if not has_role(request.user, self.manage_roles):
             actions.pop("revoke", None)
         return actions
+
+from runs import admin_threads  # noqa: E402,F401  threads and runs, read-only

@@ -13,11 +13,32 @@ from django.contrib import admin
 from runs.models import Membership, Tenant
 
 
+def memberships_of(user) -> list[tuple[int, str]]:
+    """The user's (tenant id, role) pairs, read once per user object.
+
+    An admin page asks for the user's roles many times (every registered
+    model's permissions, for the index and the sidebar); `request.user` is a
+    fresh object per request, so caching on it costs one query per page.
+    """
+    cached = getattr(user, "_gatehouse_memberships", None)
+    if cached is None:
+        cached = list(
+            Membership.objects.filter(user=user).values_list("tenant_id", "role")
+        )
+        user._gatehouse_memberships = cached
+    return cached
+
+
+def roles_in(user, tenant_id: int) -> set[str]:
+    return {role for tid, role in memberships_of(user) if tid == tenant_id}
+
+
 def tenant_ids_for(user, roles: set[str] | None = None) -> list[int]:
-    memberships = Membership.objects.filter(user=user)
-    if roles is not None:
-        memberships = memberships.filter(role__in=roles)
-    return list(memberships.values_list("tenant_id", flat=True))
+    return [
+        tenant_id
+        for tenant_id, role in memberships_of(user)
+        if roles is None or role in roles
+    ]
 
 
 def has_role(user, roles: set[str], tenant_id: int | None = None) -> bool:
@@ -78,3 +99,24 @@ class TenantScopedAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return has_role(request.user, self.manage_roles, self._tenant_id_of(obj))
+
+
+class ScopedTenantFilter(admin.SimpleListFilter):
+    """A tenant filter that lists only the tenants the user sees in this admin
+    (Django's related-field filter would list every tenant)."""
+
+    title = "tenant"
+    parameter_name = "tenant"
+    tenant_field = "tenant_id"
+
+    def lookups(self, request, model_admin):
+        tenants = Tenant.objects.all()
+        if not request.user.is_superuser:
+            roles = model_admin.view_roles | model_admin.manage_roles
+            tenants = tenants.filter(pk__in=tenant_ids_for(request.user, roles))
+        return [(str(tenant.pk), tenant.slug) for tenant in tenants]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(**{self.tenant_field: self.value()})
+        return queryset

@@ -52,6 +52,16 @@ class AgentSpec:
         doc = (self.factory().__doc__ or "").strip()
         return doc.splitlines()[0] if doc else ""
 
+    @property
+    def safe_metadata_keys(self) -> frozenset[str]:
+        """Thread metadata keys the agent declares safe to store in clear."""
+        return frozenset(getattr(self.factory(), "safe_metadata_keys", ()))
+
+    @property
+    def safe_args(self) -> frozenset[str]:
+        """Action arguments the agent declares safe to show in the audit trail."""
+        return frozenset(getattr(self.factory(), "safe_args", ()))
+
     def build_graph(self):
         """A new uncompiled StateGraph of this agent version."""
         return self.factory()()

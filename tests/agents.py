@@ -1,8 +1,11 @@
 """Small deterministic agents that tests register through GATEHOUSE_AGENTS."""
 
-from typing import TypedDict
+import operator
+import time
+from typing import Annotated, TypedDict
 
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 
 
 class EchoState(TypedDict, total=False):
@@ -20,4 +23,67 @@ def echo_graph() -> StateGraph:
     graph.add_node("echo", _echo)
     graph.add_edge(START, "echo")
     graph.add_edge("echo", END)
+    return graph
+
+
+class GateState(TypedDict, total=False):
+    answers: Annotated[list, operator.add]
+
+
+def _ask(label: str, *, slow_after: float = 0.0, payload: dict | None = None):
+    def node(state: GateState) -> GateState:
+        answer = interrupt(
+            payload
+            or {
+                "action": f"do_{label}",
+                "args": {"label": label},
+                "reason": f"because {label}",
+                "affects": f"the {label} thing",
+                "if_denied": "nothing happens",
+            }
+        )
+        time.sleep(slow_after)
+        return {"answers": [{label: answer}]}
+
+    node.__name__ = f"ask_{label}"
+    return node
+
+
+def gate_graph() -> StateGraph:
+    """Asks for one approval, then ends."""
+    graph = StateGraph(GateState)
+    graph.add_node("ask", _ask("one"))
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    return graph
+
+
+def gate_graph_renamed() -> StateGraph:
+    """The same agent after a deploy that renamed its node (version skew)."""
+    graph = StateGraph(GateState)
+    graph.add_node("ask_renamed", _ask("one"))
+    graph.add_edge(START, "ask_renamed")
+    graph.add_edge("ask_renamed", END)
+    return graph
+
+
+def pair_graph() -> StateGraph:
+    """Two parallel branches, each waiting on its own approval; the first is
+    slow after its approval, so a second decision arrives mid-run."""
+    graph = StateGraph(GateState)
+    graph.add_node("left", _ask("left", slow_after=1.5))
+    graph.add_node("right", _ask("right"))
+    graph.add_edge(START, "left")
+    graph.add_edge(START, "right")
+    graph.add_edge("left", END)
+    graph.add_edge("right", END)
+    return graph
+
+
+def incomplete_payload_graph() -> StateGraph:
+    """Interrupts with a payload that lacks reason, affects and if_denied."""
+    graph = StateGraph(GateState)
+    graph.add_node("ask", _ask("bad", payload={"action": "do_bad", "args": {}}))
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
     return graph

@@ -9,3 +9,15 @@ def _fresh_throttle_cache():
 
     cache.clear()
     yield
+
+
+@pytest.fixture(scope="session")
+def worker(django_db_setup):
+    """A real Celery worker process (prefork, two children), shared by the
+    session's execution tests; they must use transactional databases."""
+    from tests.workers import Worker, purge_broker
+
+    purge_broker()
+    process = Worker(name="main")
+    yield process
+    process.stop()

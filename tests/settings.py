@@ -17,6 +17,8 @@ os.environ.setdefault(
     "test-1:dGVzdC1tYXN0ZXIta2V5LW51bWJlci1vbmUtMzJieSE=,"
     "test-0:dGVzdC1tYXN0ZXIta2V5LW51bWJlci16ZXJvLTMyYiE=",
 )
+# Short leases so that a killed worker's run is taken over within seconds.
+os.environ.setdefault("GATEHOUSE_RUN_LEASE_SECONDS", "3")
 os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")
 
 from config.settings import *  # noqa: E402,F403
@@ -28,7 +30,16 @@ STORAGES = {  # noqa: F405
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 GATEHOUSE_AGENTS = os.environ.get(
-    "GATEHOUSE_AGENTS", "echo@1=tests.agents:echo_graph,echo@2=tests.agents:echo_graph"
+    "GATEHOUSE_AGENTS",
+    ",".join(
+        [
+            "echo@1=tests.agents:echo_graph",
+            "echo@2=tests.agents:echo_graph",
+            "gate@1=tests.agents:gate_graph",
+            "pair@1=tests.agents:pair_graph",
+            "incomplete@1=tests.agents:incomplete_payload_graph",
+        ]
+    ),
 )
 
 # A second database, SQLite, for the checkpoint store's conformance run

@@ -80,7 +80,9 @@ def exception_handler(exc, context) -> Response | None:
     if getattr(exc, "wait", None):
         headers["Retry-After"] = str(int(exc.wait))
 
-    code = _DEFAULT_CODES.get(type(exc))
+    code = next(
+        (code for kind, code in _DEFAULT_CODES.items() if isinstance(exc, kind)), None
+    )
     if isinstance(exc, exceptions.ValidationError):
         detail = exc.detail
         if isinstance(detail, dict):

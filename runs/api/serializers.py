@@ -1,8 +1,115 @@
 from rest_framework import serializers
 
+from runs.models import Run, Thread
+
 
 class AgentSerializer(serializers.Serializer):
     name = serializers.CharField()
     version = serializers.CharField()
     description = serializers.CharField()
     draining = serializers.BooleanField()
+    threads_in_flight = serializers.IntegerField(
+        help_text="Threads of this version that are running or waiting on an interrupt."
+    )
+
+
+class ThreadCreateSerializer(serializers.Serializer):
+    thread_id = serializers.CharField(required=False, max_length=255)
+    agent = serializers.CharField(max_length=100)
+    metadata = serializers.DictField(required=False, default=dict)
+
+
+class ThreadSerializer(serializers.ModelSerializer):
+    agent = serializers.CharField(source="agent_name")
+
+    class Meta:
+        model = Thread
+        fields = [
+            "thread_id",
+            "agent",
+            "agent_version",
+            "status",
+            "created_at",
+            "updated_at",
+            "metadata",
+        ]
+
+
+class InterruptSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    value = serializers.JSONField()
+
+
+class ThreadDetailSerializer(ThreadSerializer):
+    interrupts = InterruptSerializer(many=True)
+    pending_approvals = serializers.ListField(child=serializers.UUIDField())
+
+    class Meta(ThreadSerializer.Meta):
+        fields = [*ThreadSerializer.Meta.fields, "interrupts", "pending_approvals"]
+
+
+class RunCreateSerializer(serializers.Serializer):
+    input = serializers.DictField()
+    checkpoint_id = serializers.CharField(required=False, max_length=64)
+
+
+class ResumeSerializer(serializers.Serializer):
+    resume = serializers.JSONField(
+        help_text="The resume value, or {interrupt id: value, ...} for several interrupts."
+    )
+
+
+class RunSerializer(serializers.ModelSerializer):
+    run_id = serializers.UUIDField(source="id")
+    error = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Run
+        fields = [
+            "run_id",
+            "kind",
+            "status",
+            "created_at",
+            "started_at",
+            "ended_at",
+            "error",
+        ]
+
+    def get_error(self, run: Run) -> str | None:
+        from runs.execution import run_error_text
+
+        return run_error_text(run)
+
+
+class RunQueuedSerializer(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    status = serializers.CharField()
+
+
+class StateSerializer(serializers.Serializer):
+    checkpoint_id = serializers.CharField()
+    parent_checkpoint_id = serializers.CharField(allow_null=True)
+    values = serializers.JSONField()
+    next = serializers.ListField(child=serializers.CharField())
+    interrupts = InterruptSerializer(many=True)
+    metadata = serializers.JSONField()
+    created_at = serializers.DateTimeField()
+
+
+class HistoryEntrySerializer(serializers.Serializer):
+    checkpoint_id = serializers.CharField()
+    parent_checkpoint_id = serializers.CharField(allow_null=True)
+    step = serializers.IntegerField(allow_null=True)
+    source = serializers.CharField(allow_null=True)
+    next = serializers.ListField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+
+
+class ForkSerializer(serializers.Serializer):
+    checkpoint_id = serializers.CharField(max_length=64)
+    values = serializers.DictField()
+    as_node = serializers.CharField(required=False, max_length=100)
+
+
+class ForkResultSerializer(serializers.Serializer):
+    checkpoint_id = serializers.CharField()

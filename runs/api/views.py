@@ -1,10 +1,70 @@
-from drf_spectacular.utils import extend_schema
+"""The runs API: agents, threads, runs, state, history, resume, fork (api.md)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from runs import registry
-from runs.api.serializers import AgentSerializer
-from runs.models import Scope
+from audit.services import Actor
+from runs import registry, selectors, services
+from runs.api.idempotency import idempotent
+from runs.api.serializers import (
+    AgentSerializer,
+    ForkResultSerializer,
+    ForkSerializer,
+    HistoryEntrySerializer,
+    ResumeSerializer,
+    RunCreateSerializer,
+    RunQueuedSerializer,
+    RunSerializer,
+    StateSerializer,
+    ThreadCreateSerializer,
+    ThreadDetailSerializer,
+    ThreadSerializer,
+)
+from runs.errors import InvalidRequest
+from runs.models import Run, Scope, Thread
+
+MAX_HISTORY = 200
+
+
+def actor_for(request) -> Actor:
+    """The audit actor of an API request: the key, or the logged-in person."""
+    principal = request.principal
+    if principal.api_key is not None:
+        return Actor.api_key(principal.api_key)
+    return Actor.user(request.user)
+
+
+def validated(serializer_class, request) -> dict:
+    """The request body checked by a serializer: a 400 naming fields otherwise."""
+    body = serializer_class(data=request.data)
+    body.is_valid(raise_exception=True)
+    return body.validated_data
+
+
+def queued(run: Run) -> Response:
+    return Response(
+        {"run_id": run.id, "status": run.status}, status=status.HTTP_202_ACCEPTED
+    )
+
+
+class TenantThreadMixin:
+    """Looks threads up within the caller's tenant: another tenant's is a 404."""
+
+    required_scope = Scope.RUNS
+
+    def get_thread(self) -> Thread:
+        return generics.get_object_or_404(
+            Thread.objects.for_tenant(self.request.principal.tenant).select_related(
+                "tenant"
+            ),
+            thread_id=self.kwargs["thread_id"],
+        )
 
 
 class AgentListView(APIView):
@@ -12,6 +72,7 @@ class AgentListView(APIView):
 
     @extend_schema(responses=AgentSerializer(many=True), summary="Registered agents")
     def get(self, request):
+        in_flight = selectors.threads_in_flight(request.principal.tenant)
         specs = sorted(registry.agents().values(), key=lambda s: (s.name, s.version))
         rows = [
             {
@@ -19,7 +80,205 @@ class AgentListView(APIView):
                 "version": spec.version,
                 "description": spec.description,
                 "draining": spec.draining,
+                "threads_in_flight": in_flight.get((spec.name, spec.version), 0),
             }
             for spec in specs
         ]
         return Response(AgentSerializer(rows, many=True).data)
+
+
+class ThreadListCreateView(generics.ListAPIView):
+    required_scope = Scope.RUNS
+    serializer_class = ThreadSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation
+            return Thread.objects.none()
+        queryset = Thread.objects.for_tenant(self.request.principal.tenant)
+        agent = self.request.query_params.get("agent")
+        if agent:
+            queryset = queryset.filter(agent_name=agent)
+        return queryset
+
+    @extend_schema(
+        summary="List threads",
+        parameters=[
+            OpenApiParameter("status", str, enum=Thread.Status.values),
+            OpenApiParameter("agent", str),
+        ],
+    )
+    def get(self, request, *args, **kwargs):
+        status_filter = request.query_params.get("status")
+        if status_filter and status_filter not in Thread.Status.values:
+            raise InvalidRequest(
+                f"status must be one of {', '.join(Thread.Status.values)}",
+                field="status",
+            )
+        return super().get(request, *args, **kwargs)
+
+    def filter_queryset(self, queryset):
+        status_filter = self.request.query_params.get("status")
+        if status_filter:
+            queryset = queryset.filter(status=status_filter)
+        return queryset
+
+    @extend_schema(
+        request=ThreadCreateSerializer,
+        responses={201: ThreadSerializer},
+        summary="Create a thread",
+    )
+    @idempotent
+    def post(self, request):
+        body = validated(ThreadCreateSerializer, request)
+        thread = services.thread_create(
+            tenant=request.principal.tenant,
+            actor=actor_for(request),
+            agent=body["agent"],
+            thread_id=body.get("thread_id"),
+            metadata=body.get("metadata"),
+        )
+        return Response(ThreadSerializer(thread).data, status=status.HTTP_201_CREATED)
+
+
+class ThreadDetailView(TenantThreadMixin, APIView):
+    @extend_schema(responses=ThreadDetailSerializer, summary="A thread")
+    def get(self, request, thread_id):
+        thread = self.get_thread()
+        thread.interrupts = selectors.thread_interrupts(thread)
+        thread.pending_approvals = selectors.pending_approval_ids(thread)
+        return Response(ThreadDetailSerializer(thread).data)
+
+
+class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
+    serializer_class = RunSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation
+            return Run.objects.none()
+        return Run.objects.filter(thread=self.get_thread()).select_related("thread")
+
+    @extend_schema(summary="Runs of a thread")
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        request=RunCreateSerializer,
+        responses={202: RunQueuedSerializer},
+        summary="Start a run (optionally from a checkpoint)",
+    )
+    @idempotent
+    def post(self, request, thread_id):
+        thread = self.get_thread()
+        body = validated(RunCreateSerializer, request)
+        run = services.run_start(
+            thread=thread,
+            input=body["input"],
+            checkpoint_id=body.get("checkpoint_id", ""),
+            actor=actor_for(request),
+        )
+        return queued(run)
+
+
+class RunDetailView(TenantThreadMixin, APIView):
+    @extend_schema(responses=RunSerializer, summary="A run")
+    def get(self, request, thread_id, run_id):
+        thread = self.get_thread()
+        run = generics.get_object_or_404(
+            Run.objects.filter(thread=thread).select_related("thread"), pk=run_id
+        )
+        return Response(RunSerializer(run).data)
+
+
+class ResumeView(TenantThreadMixin, APIView):
+    @extend_schema(
+        request=ResumeSerializer,
+        responses={202: RunQueuedSerializer},
+        summary="Resume an interrupted thread (raw LangGraph resume value)",
+    )
+    @idempotent
+    def post(self, request, thread_id):
+        thread = self.get_thread()
+        body = validated(ResumeSerializer, request)
+        run = services.run_resume(
+            thread=thread, resume=body["resume"], actor=actor_for(request)
+        )
+        return queued(run)
+
+
+class StateView(TenantThreadMixin, APIView):
+    @extend_schema(responses=StateSerializer, summary="The latest state (audited)")
+    def get(self, request, thread_id, checkpoint_id=None):
+        thread = self.get_thread()
+        try:
+            snapshot = services.thread_state(
+                thread=thread, actor=actor_for(request), checkpoint_id=checkpoint_id
+            )
+        except InvalidRequest:
+            if checkpoint_id:
+                return _not_found("no such checkpoint in this thread")
+            raise
+        if snapshot is None:
+            return _not_found("the thread has no checkpoint yet")
+        return Response(StateSerializer(selectors.state_body(snapshot)).data)
+
+
+class StateAtCheckpointView(StateView):
+    @extend_schema(
+        responses=StateSerializer,
+        summary="The state at a checkpoint (audited)",
+        operation_id="threads_state_at_checkpoint",
+    )
+    def get(self, request, thread_id, checkpoint_id=None):
+        return super().get(request, thread_id, checkpoint_id)
+
+
+def _not_found(message: str) -> Response:
+    return Response({"code": "not_found", "message": message}, status=404)
+
+
+class HistoryView(TenantThreadMixin, APIView):
+    @extend_schema(
+        responses=HistoryEntrySerializer(many=True),
+        parameters=[
+            OpenApiParameter("limit", int, description=f"At most {MAX_HISTORY}."),
+            OpenApiParameter("before", str, description="A checkpoint id: older ones."),
+        ],
+        summary="Checkpoints, newest first",
+    )
+    def get(self, request, thread_id):
+        thread = self.get_thread()
+        raw_limit = request.query_params.get("limit", "50")
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_HISTORY:
+            raise InvalidRequest(f"limit must be 1 to {MAX_HISTORY}", field="limit")
+        limit = int(raw_limit)
+        before = request.query_params.get("before") or None
+        entries = selectors.thread_history(thread, limit=limit, before=before)
+        next_url = None
+        if len(entries) == limit:
+            query = urlencode({"limit": limit, "before": entries[-1]["checkpoint_id"]})
+            next_url = request.build_absolute_uri(f"{request.path}?{query}")
+        return Response(
+            {
+                "results": HistoryEntrySerializer(entries, many=True).data,
+                "next": next_url,
+            }
+        )
+
+
+class ForkView(TenantThreadMixin, APIView):
+    @extend_schema(
+        request=ForkSerializer, responses={201: ForkResultSerializer}, summary="Fork"
+    )
+    def post(self, request, thread_id):
+        thread = self.get_thread()
+        body = validated(ForkSerializer, request)
+        checkpoint_id = services.thread_fork(
+            thread=thread,
+            checkpoint_id=body["checkpoint_id"],
+            values=body["values"],
+            as_node=body.get("as_node"),
+            actor=actor_for(request),
+        )
+        return Response(
+            {"checkpoint_id": checkpoint_id}, status=status.HTTP_201_CREATED
+        )

@@ -1,4 +1,5 @@
 from runs.models.checkpoints import ChannelBlob, Checkpoint, PendingWrite
+from runs.models.execution import Run
 from runs.models.tenancy import (
     ApiKey,
     IdempotencyRecord,
@@ -9,18 +10,23 @@ from runs.models.tenancy import (
     TenantOwnedQuerySet,
 )
 from runs.models.threads import Thread, ThreadQuerySet
+from runs.models.tools import DemoOutboxMessage, DemoPayment, ToolCall
 
 __all__ = [
     "ApiKey",
     "ChannelBlob",
     "Checkpoint",
+    "DemoOutboxMessage",
+    "DemoPayment",
     "IdempotencyRecord",
     "Membership",
     "PendingWrite",
     "Role",
+    "Run",
     "Scope",
     "Tenant",
     "TenantOwnedQuerySet",
     "Thread",
     "ThreadQuerySet",
+    "ToolCall",
 ]

@@ -1,0 +1,458 @@
+"""The reviewer's desk in the Django admin: the queue, the request page, the
+dashboard.
+
+Roles (superusers may do everything): reviewers and compliance officers
+decide; compliance officers also reassign, escalate and see reviewer
+statistics; auditors read everything and decide nothing. Every check is made
+here on the server, whatever the page shows. Deciding calls the same service
+as the REST decision; see `approvals.desk`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import Case, IntegerField, Value, When
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
+
+from approvals import dashboard, desk
+from approvals.forms import AssignForm, DecisionForm, EditedArgsForm
+from approvals.models import ApprovalRequest
+from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, tenant_ids_for
+from runs.crypto import ThreadCipher
+from runs.errors import InvalidRequest, StateConflict
+
+CARD_TEMPLATE = "admin/approvals/approvalrequest/card.html"
+DASHBOARD_TEMPLATE = "admin/approvals/approvalrequest/dashboard.html"
+
+
+def _tenant_ids(request, roles):
+    if request.user.is_superuser:
+        return dashboard.ALL_TENANTS
+    return tenant_ids_for(request.user, roles)
+
+
+class EscalatedFilter(admin.SimpleListFilter):
+    title = "escalated"
+    parameter_name = "escalated"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Escalated"), ("no", "Not escalated")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(escalation_level__gt=0)
+        if self.value() == "no":
+            return queryset.filter(escalation_level=0)
+        return queryset
+
+
+class AssignedFilter(admin.SimpleListFilter):
+    title = "assigned"
+    parameter_name = "assigned"
+
+    def lookups(self, request, model_admin):
+        return [("me", "To me"), ("none", "Unassigned")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "me":
+            return queryset.filter(assignment__assignee=request.user)
+        if self.value() == "none":
+            return queryset.filter(assignment__isnull=True)
+        return queryset
+
+
+class QueueChangeList(ChangeList):
+    """Decrypts the payloads of the page's rows only, after they are fetched."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        desk.attach_payloads(self.result_list)
+
+
+def _error_text(exc: Exception) -> str:
+    detail = getattr(exc, "detail", exc)
+    if isinstance(detail, dict):
+        return " ".join(str(item) for items in detail.values() for item in items)
+    return str(detail)
+
+
+@admin.register(ApprovalRequest)
+class ApprovalRequestAdmin(TenantScopedAdmin):
+    view_roles = desk.VIEW_ROLES
+    manage_roles: set[str] = set()
+
+    list_display = [
+        "action",
+        "args_line",
+        "risk_label",
+        "gate",
+        "thread_link",
+        "age",
+        "time_left",
+        "escalation",
+        "status",
+        "assigned",
+        "tenant",
+    ]
+    list_display_links = ["action"]
+    # Pending first, the soonest due first.
+    ordering = [
+        Case(
+            When(status=ApprovalRequest.Status.PENDING, then=Value(0)),
+            default=Value(1),
+            output_field=IntegerField(),
+        ).asc(),
+        "due_at",
+    ]
+    list_filter = [
+        "status",
+        "risk",
+        "gate",
+        EscalatedFilter,
+        AssignedFilter,
+        ScopedTenantFilter,
+    ]
+    # Exact thread ids (a client's case id); actions by substring.
+    search_fields = ["=thread__thread_id", "action"]
+    search_help_text = "An exact thread id, or part of an action's name."
+    list_select_related = ["tenant", "thread", "assignment__assignee"]
+    list_per_page = 50
+    show_full_result_count = False
+    # No bulk decisions: each request is judged on its own page. No delete.
+    actions = None
+
+    # --- Permissions: read-only rows; deciding has its own checks ---------------
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    # --- The queue ---------------------------------------------------------------
+
+    def get_list_display(self, request):
+        shown = list(super().get_list_display(request))
+        if not request.user.is_superuser:
+            tenants = tenant_ids_for(request.user, self.view_roles)
+            if len(tenants) == 1:
+                shown.remove("tenant")  # one tenant: the column says nothing
+        return shown
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {
+            "title": "Queue: requests waiting on a human",
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra_context)
+
+    def get_changelist(self, request, **kwargs):
+        return QueueChangeList
+
+    @admin.display(description="arguments")
+    def args_line(self, obj):
+        if obj.desk_payload is None:
+            return format_html(
+                '<span class="desk-unreadable">{}</span>', obj.desk_unreadable
+            )
+        return desk.args_summary(obj.desk_payload["args"])
+
+    @admin.display(description="risk", ordering="risk")
+    def risk_label(self, obj):
+        return format_html(
+            '<span class="desk-risk desk-risk-{}">{}</span>', obj.risk, obj.risk
+        )
+
+    @admin.display(description="thread", ordering="thread__thread_id")
+    def thread_link(self, obj):
+        url = reverse("admin:runs_thread_change", args=[obj.thread_id])
+        return format_html('<a href="{}">{}</a>', url, obj.thread.thread_id)
+
+    @admin.display(description="waiting", ordering="created_at")
+    def age(self, obj):
+        end = (
+            obj.decided_at if not obj.is_pending and obj.decided_at else timezone.now()
+        )
+        return desk.duration_text(end - obj.created_at)
+
+    @admin.display(description="escalates", ordering="due_at")
+    def time_left(self, obj):
+        if not obj.is_pending:
+            return "—"
+        left = obj.due_at - timezone.now()
+        if left.total_seconds() < 0:
+            return format_html(
+                '<span class="desk-overdue">overdue {}</span>', desk.duration_text(left)
+            )
+        return f"in {desk.duration_text(left)}"
+
+    @admin.display(description="level", ordering="escalation_level")
+    def escalation(self, obj):
+        return obj.escalation_level
+
+    @admin.display(description="assigned to")
+    def assigned(self, obj):
+        assignment = getattr(obj, "assignment", None)
+        return assignment.assignee.get_username() if assignment else "—"
+
+    # --- URLs ------------------------------------------------------------------------
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        name = "approvals_approvalrequest"
+        return [
+            path("dashboard/", wrap(self.dashboard_view), name="approvals_dashboard"),
+            path(
+                "<uuid:object_id>/decide/",
+                wrap(require_POST(self.decide_view)),
+                name=f"{name}_decide",
+            ),
+            path(
+                "<uuid:object_id>/reassign/",
+                wrap(require_POST(self.reassign_view)),
+                name=f"{name}_reassign",
+            ),
+            path(
+                "<uuid:object_id>/escalate/",
+                wrap(require_POST(self.escalate_view)),
+                name=f"{name}_escalate",
+            ),
+        ] + super().get_urls()
+
+    def _approval_or_404(self, request, object_id) -> ApprovalRequest:
+        """The request, if the user's tenants include its tenant: another
+        tenant's request answers 404, exactly as one that does not exist."""
+        try:
+            pk = uuid.UUID(str(unquote(str(object_id))))
+        except ValueError:
+            raise Http404("no such approval request") from None
+        approval = (
+            self.get_queryset(request)
+            .select_related("tenant", "thread")
+            .filter(pk=pk)
+            .first()
+        )
+        if approval is None:
+            raise Http404("no such approval request")
+        if not self.has_view_permission(request, approval):
+            raise PermissionDenied
+        return approval
+
+    def _card_url(self, approval) -> str:
+        return reverse("admin:approvals_approvalrequest_change", args=[approval.pk])
+
+    # --- The request page -------------------------------------------------------------
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET"])
+        approval = self._approval_or_404(request, object_id)
+        card = desk.card_fields(approval=approval, user=request.user)
+        opening = None
+        if approval.is_pending and desk.can_decide(request.user, approval.tenant_id):
+            opening = desk.opening_record(
+                approval=approval, user=request.user, card=card
+            )
+        return self._render_card(request, approval, card, opening)
+
+    def _render_card(
+        self,
+        request,
+        approval,
+        card,
+        opening,
+        *,
+        decision_form=None,
+        edit_form=None,
+        error: str = "",
+        status: int = 200,
+    ):
+        user = request.user
+        deciding = opening is not None and approval.is_pending
+        if deciding:
+            initial = {"opening": opening.pk}
+            decision_form = decision_form or DecisionForm(initial=initial)
+            edit_form = edit_form or EditedArgsForm(
+                original=card["args"], initial=initial
+            )
+        managing = approval.is_pending and desk.can_manage_queue(
+            user, approval.tenant_id
+        )
+        already_approved = any(
+            decision["approved"] and decision["reviewer"] == user.get_username()
+            for decision in card["decisions"]
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"{card['action']} on {card['thread_id']}",
+            "approval": approval,
+            "card": card,
+            "args_rows": [(key, desk.value_text(v)) for key, v in card["args"].items()],
+            "opening": opening,
+            "card_hash": desk.card_hash(card),
+            "deciding": deciding,
+            "decision_form": decision_form,
+            "edit_form": edit_form,
+            "error": error,
+            "already_approved": already_approved,
+            "first_approver": next(
+                (d for d in card["decisions"] if d["approved"]), None
+            ),
+            "managing": managing,
+            "assign_form": (
+                AssignForm(choices=desk.decider_choices(approval.tenant_id))
+                if managing
+                else None
+            ),
+            "decided": desk.decisions_with_cards(approval),
+            "thread_url": reverse(
+                "admin:runs_thread_change", args=[approval.thread_id]
+            ),
+            "changelist_url": reverse("admin:approvals_approvalrequest_changelist"),
+        }
+        return TemplateResponse(request, CARD_TEMPLATE, context, status=status)
+
+    def decide_view(self, request, object_id):
+        approval = self._approval_or_404(request, object_id)
+        if not desk.can_decide(request.user, approval.tenant_id):
+            raise PermissionDenied
+        try:
+            opening_id = uuid.UUID(request.POST.get("opening", ""))
+        except ValueError:
+            opening_id = None
+        opening = desk.opening_for(
+            approval=approval, user=request.user, opening_id=opening_id
+        )
+        if opening is None:
+            messages.error(
+                request,
+                "That page was out of date or not yours: here is the request as it "
+                "is now; decide again.",
+            )
+            return HttpResponseRedirect(self._card_url(approval))
+        card = desk.opening_card(opening, ThreadCipher.for_thread(approval.thread))
+        editing = request.POST.get("form") == "edit"
+        if editing:
+            form = EditedArgsForm(request.POST, original=card["args"])
+            forms = {"edit_form": form}
+        else:
+            form = DecisionForm(request.POST)
+            forms = {"decision_form": form}
+        if not form.is_valid():
+            return self._render_card(
+                request, approval, card, opening, status=400, **forms
+            )
+        try:
+            approval, run, _ = desk.desk_decide(
+                approval=approval,
+                user=request.user,
+                opening=opening,
+                approved=True if editing else form.approved,
+                note=form.cleaned_data["note"],
+                args=form.cleaned_data["args"] if editing else None,
+            )
+        except (InvalidRequest, StateConflict) as exc:
+            status = 409 if isinstance(exc, StateConflict) else 400
+            return self._render_card(
+                request,
+                approval,
+                card,
+                opening,
+                error=_error_text(exc),
+                status=status,
+                **forms,
+            )
+        messages.success(request, self._outcome(approval, run))
+        return HttpResponseRedirect(self._card_url(approval))
+
+    @staticmethod
+    def _outcome(approval, run) -> str:
+        resumed = f" The run resumes (run {run.id})." if run else ""
+        if approval.status == ApprovalRequest.Status.APPROVED:
+            return f"Approved.{resumed}"
+        if approval.status == ApprovalRequest.Status.DENIED:
+            return f"Denied.{resumed}"
+        approvals = approval.decisions.filter(approved=True).count()
+        return (
+            f"Your approval is recorded ({approvals} of "
+            f"{approval.required_approvals}): a second, different reviewer must "
+            "approve before the run resumes."
+        )
+
+    def reassign_view(self, request, object_id):
+        approval = self._approval_or_404(request, object_id)
+        if not desk.can_manage_queue(request.user, approval.tenant_id):
+            raise PermissionDenied
+        form = AssignForm(
+            request.POST, choices=desk.decider_choices(approval.tenant_id)
+        )
+        if not form.is_valid():
+            messages.error(request, "Choose a reviewer of this request's tenant.")
+            return HttpResponseRedirect(self._card_url(approval))
+        try:
+            desk.request_reassign(
+                approval=approval,
+                assignee=form.cleaned_data["assignee"],
+                user=request.user,
+            )
+        except (InvalidRequest, StateConflict) as exc:
+            messages.error(request, _error_text(exc))
+        else:
+            messages.success(
+                request,
+                f"Assigned to {form.cleaned_data['assignee'].get_username()}.",
+            )
+        return HttpResponseRedirect(self._card_url(approval))
+
+    def escalate_view(self, request, object_id):
+        approval = self._approval_or_404(request, object_id)
+        if not desk.can_manage_queue(request.user, approval.tenant_id):
+            raise PermissionDenied
+        try:
+            approval = desk.request_escalate(approval=approval, user=request.user)
+        except StateConflict as exc:
+            messages.error(request, _error_text(exc))
+        else:
+            messages.success(
+                request, f"Escalated to level {approval.escalation_level}."
+            )
+        return HttpResponseRedirect(self._card_url(approval))
+
+    # --- Waiting on a human ------------------------------------------------------------
+
+    def dashboard_view(self, request):
+        if not self.has_module_permission(request):
+            raise PermissionDenied
+        now = timezone.now()
+        tenant_ids = _tenant_ids(request, desk.VIEW_ROLES)
+        stats_ids = _tenant_ids(request, desk.STATS_ROLES)
+        rows = dashboard.pending_by_tenant(tenant_ids, now)
+        show_stats = stats_ids is dashboard.ALL_TENANTS or bool(stats_ids)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Waiting on a human",
+            "tenants": rows,
+            "totals": dashboard.totals(rows),
+            "oldest": dashboard.oldest_waiting(tenant_ids, now),
+            "show_stats": show_stats,
+            "reviewers": dashboard.reviewer_stats(stats_ids, now) if show_stats else [],
+            "stats_days": dashboard.STATS_DAYS,
+            "changelist_url": reverse("admin:approvals_approvalrequest_changelist"),
+        }
+        return TemplateResponse(request, DASHBOARD_TEMPLATE, context)

@@ -1,0 +1,465 @@
+"""The reviewer's desk: the request card, what a reviewer saw, and the desk's
+use cases (decide, reassign, escalate). The admin (`approvals.admin`) parses
+and renders; everything that reads or changes state is here.
+
+Deciding goes through `approvals.services.approval_decide`, exactly as the
+REST decision does; the desk adds the snapshot of the card the reviewer
+decided on, in the same transaction.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Min
+from django.utils import timezone
+
+from approvals.desk_models import Assignment, DecisionSnapshot, RequestOpening
+from approvals.models import ApprovalRequest, Decision
+from approvals.services import Reviewer, approval_decide, decision_detail, payload_of
+from audit import events
+from audit.services import Actor, record
+from runs.admin_scoping import has_role
+from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
+from runs.errors import InvalidRequest, StateConflict, VersionSkew
+from runs.models import Role, Run
+from runs.selectors import jsonable
+from runs.services import thread_state
+
+logger = logging.getLogger(__name__)
+
+# Who may do what on the desk (superusers may do everything).
+VIEW_ROLES = {Role.REVIEWER, Role.COMPLIANCE_OFFICER, Role.AUDITOR}
+DECIDE_ROLES = {Role.REVIEWER, Role.COMPLIANCE_OFFICER}
+OFFICER_ROLES = {Role.COMPLIANCE_OFFICER}
+STATS_ROLES = {Role.COMPLIANCE_OFFICER, Role.AUDITOR}
+
+# How much of the thread's context a card shows.
+CONTEXT_MESSAGES = 6
+CONTEXT_TEXT_CHARS = 2000
+THREAD_DECISIONS = 10
+SUMMARY_CHARS = 90
+
+
+def can_view(user, tenant_id: int) -> bool:
+    return has_role(user, VIEW_ROLES, tenant_id)
+
+
+def can_decide(user, tenant_id: int) -> bool:
+    return has_role(user, DECIDE_ROLES, tenant_id)
+
+
+def can_manage_queue(user, tenant_id: int) -> bool:
+    """Reassign and escalate: compliance officers."""
+    return has_role(user, OFFICER_ROLES, tenant_id)
+
+
+# --- Formatting ------------------------------------------------------------------
+
+
+def duration_text(delta: datetime.timedelta) -> str:
+    """A duration as a person reads it: "2 d 3 h", "3 h 4 min", "40 s"."""
+    seconds = int(abs(delta.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min"
+    return f"{seconds} s"
+
+
+def time_text(moment: datetime.datetime | None) -> str:
+    if moment is None:
+        return ""
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def value_text(value: Any) -> str:
+    """An argument's value as shown: strings as they are, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def args_summary(args: dict[str, Any], limit: int = SUMMARY_CHARS) -> str:
+    """One line: `order_id=A-1001, amount=40.00, currency=EUR`."""
+    text = ", ".join(f"{key}={value_text(value)}" for key, value in args.items())
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- The queue -------------------------------------------------------------------
+
+
+def attach_payloads(rows: Iterable[ApprovalRequest]) -> None:
+    """Decrypt the payload of each row, in Python, with no query per row.
+
+    The rows must come with their thread (select_related): the thread row
+    carries its wrapped key, and unwrapped keys are cached per process. Sets
+    `desk_payload` (a dict) or `desk_unreadable` (why not) on each row.
+    """
+    for row in rows:
+        row.desk_payload = None
+        row.desk_unreadable = ""
+        try:
+            row.desk_payload = payload_of(row, ThreadCipher.for_thread(row.thread))
+        except ThreadDeleted:
+            row.desk_unreadable = "content deleted"
+        except CryptoError as exc:
+            # Shown, never papered over: a request that cannot be read must be
+            # looked into, not approved.
+            logger.error("approval %s payload unreadable: %s", row.pk, exc)
+            row.desk_unreadable = f"unreadable ({type(exc).__name__})"
+
+
+# --- The card --------------------------------------------------------------------
+
+
+def card_hash(card: dict[str, Any]) -> str:
+    canonical = json.dumps(
+        card, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _message_entry(message: Any) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        return {"role": "message", "text": value_text(message)[:CONTEXT_TEXT_CHARS]}
+    content = message.get("content")
+    text = content if isinstance(content, str) else value_text(content)
+    calls = [
+        f"{call.get('name')}({args_summary(call.get('args') or {}, 200)})"
+        for call in message.get("tool_calls") or []
+        if isinstance(call, dict)
+    ]
+    return {
+        "role": str(message.get("type") or message.get("role") or "message"),
+        "text": text[:CONTEXT_TEXT_CHARS],
+        "tool_calls": calls,
+    }
+
+
+def context_of(snapshot) -> dict[str, Any]:
+    """The thread's recent context from a state snapshot: the last messages
+    and the plan; other state only when it has neither."""
+    values = jsonable(snapshot.values or {})
+    metadata = snapshot.metadata or {}
+    context: dict[str, Any] = {
+        "checkpoint_id": snapshot.config["configurable"]["checkpoint_id"],
+        "step": metadata.get("step"),
+        "created_at": str(snapshot.created_at or ""),
+        "messages": [],
+        "plan": None,
+        "other": None,
+    }
+    messages = values.get("messages")
+    if isinstance(messages, list):
+        context["messages"] = [
+            _message_entry(message) for message in messages[-CONTEXT_MESSAGES:]
+        ]
+        context["earlier_messages"] = max(len(messages) - CONTEXT_MESSAGES, 0)
+    if values.get("plan") is not None:
+        context["plan"] = json.dumps(values["plan"], indent=2, ensure_ascii=False)
+    if not context["messages"] and context["plan"] is None:
+        other = json.dumps(values, indent=2, sort_keys=True, ensure_ascii=False)
+        context["other"] = other[:CONTEXT_TEXT_CHARS]
+    return context
+
+
+def _thread_context(approval: ApprovalRequest, user) -> dict[str, Any]:
+    try:
+        snapshot = thread_state(thread=approval.thread, actor=Actor.user(user))
+    except ThreadDeleted:
+        return {"unavailable": "the thread was deleted; its content is gone"}
+    except VersionSkew as exc:
+        return {"unavailable": str(exc.detail)}
+    if snapshot is None:
+        return {"unavailable": "the thread has no checkpoint yet"}
+    return context_of(snapshot)
+
+
+def _decision_entry(decision: Decision, cipher: ThreadCipher) -> dict[str, Any]:
+    detail = decision_detail(decision, cipher)
+    return {
+        "reviewer": decision.reviewer_label,
+        "approved": decision.approved,
+        "note": detail.get("note", ""),
+        "edited_args": jsonable(detail["args"]) if decision.args_edited else None,
+        "at": time_text(decision.created_at),
+    }
+
+
+def card_fields(
+    *, approval: ApprovalRequest, user, now: datetime.datetime | None = None
+) -> dict[str, Any]:
+    """The card of a request as it is now, for `user`; reading the thread's
+    context is audited (thread.state_read).
+
+    Every value is a display string, number, bool or list/dict of those, so
+    that the card's hash is stable and the card can be stored and shown again
+    exactly as it was.
+    """
+    now = now or timezone.now()
+    thread = approval.thread
+    cipher = ThreadCipher.for_thread(thread)
+    payload = payload_of(approval, cipher)
+    here = [_decision_entry(d, cipher) for d in approval.decisions.all()]
+    earlier = (
+        Decision.objects.filter(request__thread=thread)
+        .exclude(request=approval)
+        .select_related("request")
+        .order_by("-created_at")[:THREAD_DECISIONS]
+    )
+    thread_decisions = [
+        {**_decision_entry(d, cipher), "action": d.request.action} for d in earlier
+    ]
+    assignment = (
+        Assignment.objects.filter(request=approval).select_related("assignee").first()
+    )
+    due_in = approval.due_at - now
+    return {
+        "approval_id": str(approval.pk),
+        "tenant": approval.tenant.slug,
+        "thread_id": thread.thread_id,
+        "run_id": str(approval.run_id),
+        "agent": f"{thread.agent_name}@{thread.agent_version}",
+        "status": approval.status,
+        "action": payload["action"],
+        "args": jsonable(payload["args"]),
+        "reason": payload["reason"],
+        "affects": payload["affects"],
+        "if_denied": payload["if_denied"],
+        "risk": approval.risk,
+        "gate": approval.gate,
+        "required_approvals": approval.required_approvals,
+        "approvals_so_far": sum(1 for d in here if d["approved"]),
+        "decisions": here,
+        "created_at": time_text(approval.created_at),
+        "waited": duration_text(now - approval.created_at),
+        "due_at": time_text(approval.due_at),
+        "escalates": (
+            f"in {duration_text(due_in)}"
+            if due_in.total_seconds() >= 0
+            else f"overdue by {duration_text(due_in)}"
+        ),
+        "escalation_level": approval.escalation_level,
+        "assigned_to": assignment.assignee.get_username() if assignment else "",
+        "context": _thread_context(approval, user),
+        "thread_decisions": thread_decisions,
+        "rendered_at": time_text(now),
+    }
+
+
+def _card_row(opening: RequestOpening) -> tuple[str, str]:
+    return ("approval-card", str(opening.id))
+
+
+def _snapshot_row(snapshot: DecisionSnapshot) -> tuple[str, str]:
+    return ("decision-snapshot", str(snapshot.id))
+
+
+def _verified(card: dict[str, Any], expected_hash: str, what: str) -> dict[str, Any]:
+    if card_hash(card) != expected_hash:
+        raise CryptoError(f"{what} does not match its content hash")
+    return card
+
+
+def opening_record(
+    *, approval: ApprovalRequest, user, card: dict[str, Any]
+) -> RequestOpening:
+    """Record that `user` opened the request and was shown `card`."""
+    opening = RequestOpening(
+        tenant_id=approval.tenant_id,
+        request=approval,
+        user=user,
+        content_hash=card_hash(card),
+    )
+    cipher = ThreadCipher.for_thread(approval.thread)
+    opening.card = cipher.encrypt_value(card, row=_card_row(opening))
+    opening.save()
+    return opening
+
+
+def opening_card(opening: RequestOpening, cipher: ThreadCipher) -> dict[str, Any]:
+    card = cipher.decrypt_value(opening.card, row=_card_row(opening))
+    return _verified(card, opening.content_hash, f"card of opening {opening.pk}")
+
+
+def opening_for(*, approval: ApprovalRequest, user, opening_id) -> RequestOpening:
+    """The user's own opening of this request, or None (an old or forged id)."""
+    if not opening_id:
+        return None
+    return RequestOpening.objects.filter(
+        pk=opening_id, request=approval, user=user
+    ).first()
+
+
+def snapshot_card(snapshot: DecisionSnapshot, cipher: ThreadCipher) -> dict[str, Any]:
+    card = cipher.decrypt_value(snapshot.card, row=_snapshot_row(snapshot))
+    return _verified(card, snapshot.content_hash, f"snapshot {snapshot.pk}")
+
+
+def decisions_with_cards(approval: ApprovalRequest) -> list[dict[str, Any]]:
+    """The request's decisions, each with the card its reviewer decided on
+    (None for decisions taken through the API)."""
+    decisions = list(approval.decisions.select_related("snapshot"))
+    if not decisions:
+        return []
+    cipher = ThreadCipher.for_thread(approval.thread)
+    entries = []
+    for decision in decisions:
+        entry = _decision_entry(decision, cipher)
+        snapshot = getattr(decision, "snapshot", None)
+        entry["snapshot"] = (
+            {
+                "content_hash": snapshot.content_hash,
+                "rendered_at": time_text(snapshot.rendered_at),
+                "opened_for": duration_text(
+                    decision.created_at - snapshot.first_opened_at
+                ),
+                "card": snapshot_card(snapshot, cipher),
+            }
+            if snapshot is not None
+            else None
+        )
+        entries.append(entry)
+    return entries
+
+
+# --- Use cases -------------------------------------------------------------------
+
+
+@transaction.atomic
+def desk_decide(
+    *,
+    approval: ApprovalRequest,
+    user,
+    opening: RequestOpening,
+    approved: bool,
+    note: str = "",
+    args: dict[str, Any] | None = None,
+) -> tuple[ApprovalRequest, Run | None, DecisionSnapshot]:
+    """Decide through `approval_decide` and keep the card the user decided on.
+
+    Raises what approval_decide raises (InvalidRequest, StateConflict); the
+    snapshot is written in the same transaction as the decision.
+    """
+    if opening.request_id != approval.pk or opening.user_id != user.pk:
+        raise InvalidRequest("this page was opened by someone else", field="opening")
+    approval, run = approval_decide(
+        approval=approval,
+        reviewer=Reviewer.for_user(user),
+        approved=approved,
+        note=note,
+        args=args,
+    )
+    decision = approval.decisions.get(reviewer_user=user)
+    cipher = ThreadCipher.for_thread(approval.thread)
+    card = opening_card(opening, cipher)
+    first_opened = RequestOpening.objects.filter(request=approval, user=user).aggregate(
+        first=Min("opened_at")
+    )["first"]
+    snapshot = DecisionSnapshot(
+        decision=decision,
+        opening=opening,
+        first_opened_at=first_opened,
+        rendered_at=opening.opened_at,
+        content_hash=opening.content_hash,
+    )
+    snapshot.card = cipher.encrypt_value(card, row=_snapshot_row(snapshot))
+    snapshot.save()
+    return approval, run, snapshot
+
+
+def _locked_pending(approval: ApprovalRequest) -> ApprovalRequest:
+    locked = (
+        ApprovalRequest.objects.select_for_update(of=("self",))
+        .select_related("tenant", "thread")
+        .get(pk=approval.pk)
+    )
+    if not locked.is_pending:
+        raise StateConflict(
+            f"this request is already {locked.status}", code="already_decided"
+        )
+    return locked
+
+
+def decider_choices(tenant_id: int):
+    """The people who may decide a tenant's requests (for reassignment)."""
+    from django.contrib.auth import get_user_model
+
+    return (
+        get_user_model()
+        .objects.filter(
+            is_active=True,
+            memberships__tenant_id=tenant_id,
+            memberships__role__in=DECIDE_ROLES,
+        )
+        .order_by("username")
+    )
+
+
+@transaction.atomic
+def request_reassign(*, approval: ApprovalRequest, assignee, user) -> Assignment:
+    """Assign a pending request to one of its tenant's deciders."""
+    approval = _locked_pending(approval)
+    if not decider_choices(approval.tenant_id).filter(pk=assignee.pk).exists():
+        raise InvalidRequest(
+            "assign to a reviewer or compliance officer of this tenant",
+            field="assignee",
+        )
+    assignment, _ = Assignment.objects.update_or_create(
+        request=approval,
+        defaults={
+            "assignee": assignee,
+            "assigned_by": user.get_username(),
+            "assigned_at": timezone.now(),
+        },
+    )
+    record(
+        tenant=approval.tenant,
+        kind=events.APPROVAL_REASSIGNED,
+        actor=Actor.user(user),
+        thread_id=approval.thread.thread_id,
+        run_id=str(approval.run_id),
+        action=approval.action,
+        data={
+            "approval_id": str(approval.pk),
+            "action": approval.action,
+            "assignee": assignee.get_username(),
+        },
+    )
+    return assignment
+
+
+@transaction.atomic
+def request_escalate(*, approval: ApprovalRequest, user) -> ApprovalRequest:
+    """Raise a pending request's escalation level by one, now."""
+    approval = _locked_pending(approval)
+    approval.escalation_level += 1
+    approval.escalated_at = timezone.now()
+    approval.save(update_fields=["escalation_level", "escalated_at"])
+    record(
+        tenant=approval.tenant,
+        kind=events.APPROVAL_ESCALATED_MANUALLY,
+        actor=Actor.user(user),
+        thread_id=approval.thread.thread_id,
+        run_id=str(approval.run_id),
+        action=approval.action,
+        data={
+            "approval_id": str(approval.pk),
+            "action": approval.action,
+            "level": approval.escalation_level,
+        },
+    )
+    return approval

@@ -1,0 +1,126 @@
+"""Approval requests (one per interrupt) and the decisions reviewers take."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from runs.models import Run, Tenant, TenantOwnedQuerySet, Thread
+
+
+class Risk(models.TextChoices):
+    LOW = "low", "Low"
+    MEDIUM = "medium", "Medium"
+    HIGH = "high", "High"
+
+
+class Gate(models.TextChoices):
+    ACTION = "action", "Action"
+    PLAN = "plan", "Plan"
+
+
+class ApprovalRequest(models.Model):
+    """A run waiting on a human, for one of its interrupts.
+
+    The payload (action, args, reason, affects, if_denied) is ciphertext of the
+    thread's key; `action`, `risk` and `gate` are kept in clear as well, for
+    the queue's filters: they name what kind of thing is asked, not whom for.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        APPROVED = "approved", "Approved"
+        DENIED = "denied", "Denied"
+        EXPIRED = "expired", "Expired"
+        CANCELLED = "cancelled", "Cancelled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    thread = models.ForeignKey(
+        Thread, on_delete=models.CASCADE, related_name="approval_requests"
+    )
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="approval_requests"
+    )
+    interrupt_id = models.CharField(max_length=64)
+    gate = models.CharField(max_length=16, choices=Gate.choices, default=Gate.ACTION)
+    risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.MEDIUM)
+    action = models.CharField(max_length=100)
+    payload = models.BinaryField(editable=False)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    required_approvals = models.PositiveSmallIntegerField(default=1)
+    created_at = models.DateTimeField(default=timezone.now)
+    due_at = models.DateTimeField()
+    escalation_level = models.PositiveSmallIntegerField(default=0)
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            # One request per interrupt: re-delivered signals open nothing twice.
+            models.UniqueConstraint(
+                fields=["thread", "interrupt_id"], name="approval_thread_interrupt"
+            )
+        ]
+        indexes = [
+            models.Index(
+                fields=["tenant", "due_at"],
+                condition=Q(status="pending"),
+                name="approval_pending_due",
+            ),
+            models.Index(
+                fields=["tenant", "status", "created_at"], name="approval_list"
+            ),
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.action} ({self.risk}, {self.status})"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.status == self.Status.PENDING
+
+
+class Decision(models.Model):
+    """One reviewer's verdict. The note and edited args are thread ciphertext."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    request = models.ForeignKey(
+        ApprovalRequest, on_delete=models.CASCADE, related_name="decisions"
+    )
+    approved = models.BooleanField()
+    # Who decided: a user, or an API key on behalf of a named reviewer.
+    reviewer_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    reviewer_key_prefix = models.CharField(max_length=16, blank=True)
+    reviewer_label = models.CharField(max_length=200)
+    # Ciphertext: {"note": str, "args": dict|None} bound to this decision.
+    detail = models.BinaryField(editable=False)
+    args_edited = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        verdict = "approved" if self.approved else "denied"
+        return f"{verdict} by {self.reviewer_label}"
+
+
+# The reviewer's desk models live in their own module; imported here so that
+# Django registers them with this app.
+from approvals.desk_models import Assignment, DecisionSnapshot, RequestOpening  # noqa: E402,F401,I001

@@ -1,0 +1,281 @@
+"""The audit trail in the admin: read-only for everyone, superusers included.
+
+Auditors, compliance officers and tenant admins see their tenants' events,
+blocks and verifications; nobody can add, change or delete them here (the
+database refuses it too, see migration 0003).
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Subquery
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
+
+from audit import events, selectors, services
+from audit.models import AuditBlock, AuditEvent, AuditVerification
+from runs.admin_scoping import TenantScopedAdmin, has_role, tenant_ids_for
+from runs.models import Role, Tenant
+
+AUDIT_ROLES = {Role.AUDITOR, Role.COMPLIANCE_OFFICER, Role.TENANT_ADMIN}
+
+
+def visible_tenants(request):
+    tenants = Tenant.objects.all()
+    if not request.user.is_superuser:
+        tenants = tenants.filter(pk__in=tenant_ids_for(request.user, AUDIT_ROLES))
+    return tenants
+
+
+class TenantFilter(admin.SimpleListFilter):
+    """Only the tenants the user may see; Django's related filter would list
+    every tenant (or scan the whole events table for the ones in use)."""
+
+    title = "tenant"
+    parameter_name = "tenant"
+
+    def lookups(self, request, model_admin):
+        return [(str(t.pk), t.slug) for t in visible_tenants(request)]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(tenant_id=self.value())
+        return queryset
+
+
+class KindFilter(admin.SimpleListFilter):
+    """The declared kinds, without a DISTINCT over the whole table."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request, model_admin):
+        return [(name, name) for name in sorted(events.REGISTRY)]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(kind=self.value())
+        return queryset
+
+
+class ReadOnlyAuditAdmin(TenantScopedAdmin):
+    view_roles = AUDIT_ROLES
+    manage_roles: set[str] = set()
+    show_full_result_count = False  # a COUNT(*) over the trail is slow
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+def latest_verifications(request):
+    """The latest verification of each tenant the user sees, broken first."""
+    latest = (
+        AuditVerification.objects.filter(tenant=OuterRef("pk"))
+        .order_by("-checked_at")
+        .values("pk")[:1]
+    )
+    ids = (
+        visible_tenants(request)
+        .annotate(latest=Subquery(latest))
+        .exclude(latest=None)
+        .values_list("latest", flat=True)
+    )
+    rows = AuditVerification.objects.filter(pk__in=list(ids)).select_related("tenant")
+    return sorted(rows, key=lambda row: (row.ok, row.tenant.slug))[:50]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAuditAdmin):
+    list_display = [
+        "seq",
+        "occurred_at",
+        "tenant",
+        "kind",
+        "actor_label",
+        "thread_link",
+        "summary",
+    ]
+    list_filter = [TenantFilter, KindFilter, "actor_type"]
+    list_select_related = ["tenant"]
+    date_hierarchy = "occurred_at"
+    # Exact matches only: a LIKE over the whole trail does not use an index.
+    search_fields = ["=thread_id", "=run_id", "=action"]
+    ordering = ["-occurred_at", "-seq"]
+    fields = [
+        "tenant",
+        "seq",
+        "occurred_at",
+        "kind",
+        "summary",
+        "actor_type",
+        "actor_id",
+        "actor_label",
+        "actor_on_behalf_of",
+        "thread_link",
+        "run_id",
+        "action",
+        "data",
+    ]
+    readonly_fields = fields
+    change_list_template = "admin/audit/auditevent/change_list.html"
+
+    @admin.display(description="thread")
+    def thread_link(self, obj: AuditEvent):
+        if not obj.thread_id:
+            return "-"
+        url = reverse(
+            "admin:audit_auditevent_timeline", args=[obj.tenant_id, obj.thread_id]
+        )
+        return format_html('<a href="{}">{}</a>', url, obj.thread_id)
+
+    def get_urls(self):
+        urls = [
+            path(
+                "timeline/<int:tenant_id>/<path:thread_id>/",
+                self.admin_site.admin_view(self.timeline_view),
+                name="audit_auditevent_timeline",
+            )
+        ]
+        return urls + super().get_urls()
+
+    def timeline_view(self, request, tenant_id: int, thread_id: str):
+        if not has_role(request.user, AUDIT_ROLES, tenant_id):
+            raise PermissionDenied
+        tenant = get_object_or_404(Tenant, pk=tenant_id)
+        try:
+            tz = selectors.zone(request.GET.get("tz") or "UTC")
+        except ValueError:
+            tz = selectors.UTC
+        timeline = selectors.thread_timeline(tenant=tenant, thread_id=thread_id)
+        if timeline is None:
+            raise Http404("No audit events for that thread.")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Timeline of thread {thread_id}",
+            "tenant": tenant,
+            "timeline": timeline,
+            "rows": [
+                (entry.at.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S"), entry)
+                for entry in timeline.entries
+            ],
+            "tz": str(tz),
+            "events_url": reverse("admin:audit_auditevent_changelist")
+            + f"?tenant={tenant.pk}&thread_id={thread_id}",
+        }
+        return TemplateResponse(request, "admin/audit/timeline.html", context)
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # The timeline page links back here with ?thread_id=.
+        return lookup == "thread_id" or super().lookup_allowed(lookup, value, request)
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "verifications": latest_verifications(request),
+        }
+        return super().changelist_view(request, extra_context)
+
+
+@admin.register(AuditBlock)
+class AuditBlockAdmin(ReadOnlyAuditAdmin):
+    list_display = [
+        "tenant",
+        "first_seq",
+        "last_seq",
+        "event_count",
+        "short_hash",
+        "sealed_at",
+    ]
+    list_filter = [TenantFilter]
+    list_select_related = ["tenant"]
+    ordering = ["-sealed_at"]
+    exclude = ["leaves"]
+    readonly_fields = [
+        "tenant",
+        "first_seq",
+        "last_seq",
+        "events_hash",
+        "prev_hash",
+        "block_hash",
+        "sealed_at",
+    ]
+
+    @admin.display(description="block hash")
+    def short_hash(self, obj: AuditBlock) -> str:
+        return obj.block_hash[:16] + "…"
+
+
+@admin.register(AuditVerification)
+class AuditVerificationAdmin(ReadOnlyAuditAdmin):
+    list_display = [
+        "tenant",
+        "checked_at",
+        "ok",
+        "blocks",
+        "events",
+        "unsealed",
+        "first_bad_seq",
+        "problem",
+        "checked_by",
+    ]
+    list_filter = [TenantFilter, "ok"]
+    list_select_related = ["tenant"]
+    ordering = ["-checked_at"]
+    change_list_template = "admin/audit/auditverification/change_list.html"
+    readonly_fields = [
+        "tenant",
+        "checked_at",
+        "ok",
+        "blocks",
+        "events",
+        "unsealed",
+        "first_bad_seq",
+        "problem",
+        "head_seq",
+        "head_hash",
+        "checked_by",
+    ]
+
+    def get_urls(self):
+        urls = [
+            path(
+                "verify-now/",
+                self.admin_site.admin_view(require_POST(self.verify_now_view)),
+                name="audit_auditverification_verify_now",
+            )
+        ]
+        return urls + super().get_urls()
+
+    def verify_now_view(self, request):
+        """Recompute the chains of the tenants the user sees, now."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        broken = []
+        tenants = list(visible_tenants(request))
+        for tenant in tenants:
+            result = services.audit_verify(
+                tenant=tenant, checked_by=request.user.get_username()
+            )
+            if not result.ok:
+                broken.append(f"{tenant.slug} at #{result.first_bad_seq}")
+        if broken:
+            self.message_user(
+                request, "Broken chain: " + "; ".join(broken), messages.ERROR
+            )
+        else:
+            self.message_user(
+                request, f"{len(tenants)} chain(s) verified: all intact.", messages.INFO
+            )
+        return HttpResponseRedirect(reverse("admin:audit_auditverification_changelist"))

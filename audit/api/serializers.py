@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from audit import selectors
+from audit.models import AuditEvent
+
+
+class EventFilterSerializer(serializers.Serializer):
+    """The query string of GET /audit/events; a bad value is a 400 naming it."""
+
+    since = serializers.DateTimeField(
+        required=False, help_text="Events at or after this instant (ISO 8601)."
+    )
+    until = serializers.DateTimeField(
+        required=False, help_text="Events before this instant (ISO 8601)."
+    )
+    date = serializers.DateField(
+        required=False, help_text="One local day, YYYY-MM-DD, in `tz`."
+    )
+    tz = serializers.CharField(
+        required=False,
+        max_length=64,
+        help_text="IANA time zone of `date` (default UTC), e.g. Europe/Paris.",
+    )
+    thread_id = serializers.CharField(required=False, max_length=255)
+    kind = serializers.CharField(
+        required=False, max_length=64, help_text="An event kind, e.g. run.started."
+    )
+    action = serializers.CharField(required=False, max_length=100)
+    actor = serializers.CharField(
+        required=False,
+        max_length=140,
+        help_text="An actor type (user, api_key, agent, system) or type:id.",
+    )
+
+    def validate_tz(self, value: str):
+        try:
+            return selectors.zone(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate_actor(self, value: str):
+        try:
+            return selectors.parse_actor(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate(self, attrs: dict) -> dict:
+        if "tz" in attrs and "date" not in attrs:
+            raise serializers.ValidationError(
+                {"tz": ["tz applies to date; give both."]}
+            )
+        since, until = attrs.get("since"), attrs.get("until")
+        if since and until and until <= since:
+            raise serializers.ValidationError({"until": ["must be later than since."]})
+        return attrs
+
+    def selector_kwargs(self) -> dict:
+        """The validated filters as keyword arguments of selectors.event_list."""
+        data = dict(self.validated_data)
+        kwargs = {
+            "since": data.get("since"),
+            "until": data.get("until"),
+            "day": data.get("date"),
+            "thread_id": data.get("thread_id", ""),
+            "kind": data.get("kind", ""),
+            "action": data.get("action", ""),
+        }
+        if "tz" in data:
+            kwargs["tz"] = data["tz"]
+        if "actor" in data:
+            kwargs["actor_type"], kwargs["actor_id"] = data["actor"]
+        return kwargs
+
+
+class ActorSerializer(serializers.Serializer):
+    type = serializers.CharField(source="actor_type")
+    id = serializers.CharField(source="actor_id")
+    label = serializers.CharField(source="actor_label")
+    on_behalf_of = serializers.CharField(source="actor_on_behalf_of")
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    actor = ActorSerializer(source="*")
+
+    class Meta:
+        model = AuditEvent
+        fields = [
+            "seq",
+            "occurred_at",
+            "kind",
+            "actor",
+            "thread_id",
+            "run_id",
+            "action",
+            "summary",
+            "data",
+        ]
+        read_only_fields = fields
+
+
+class TimelineQuerySerializer(serializers.Serializer):
+    tz = serializers.CharField(
+        required=False,
+        max_length=64,
+        help_text="IANA time zone for the story's clock times (default UTC).",
+    )
+
+    def validate_tz(self, value: str):
+        try:
+            return selectors.zone(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class TimelineEntrySerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    seq = serializers.IntegerField()
+    last_seq = serializers.IntegerField()
+    kind = serializers.CharField()
+    actor = serializers.CharField()
+    text = serializers.CharField()
+    count = serializers.IntegerField()
+
+
+class TimelineSerializer(serializers.Serializer):
+    thread_id = serializers.CharField()
+    deleted = serializers.BooleanField(
+        help_text="The thread was deleted; its tombstone is in the entries."
+    )
+    events = serializers.IntegerField(help_text="Events recorded for the thread.")
+    hidden = serializers.IntegerField(
+        help_text="Events of kinds that stay out of timelines (e.g. state reads)."
+    )
+    truncated = serializers.BooleanField()
+    first_at = serializers.DateTimeField()
+    last_at = serializers.DateTimeField()
+    entries = TimelineEntrySerializer(many=True)
+    story = serializers.ListField(child=serializers.CharField())
+
+
+class VerificationSerializer(serializers.Serializer):
+    ok = serializers.BooleanField()
+    blocks = serializers.IntegerField()
+    events = serializers.IntegerField()
+    first_bad_seq = serializers.IntegerField(allow_null=True)
+    unsealed = serializers.IntegerField(
+        help_text="Events recorded since the last seal, checked for gaps only."
+    )
+    problem = serializers.CharField(allow_blank=True)
+    head_seq = serializers.IntegerField(help_text="Last sealed sequence number.")
+    head_hash = serializers.CharField(
+        allow_blank=True, help_text="Hash of the last block, to keep elsewhere."
+    )
+    checked_at = serializers.DateTimeField()

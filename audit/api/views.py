@@ -1,0 +1,205 @@
+"""The audit API: events (paginated, or streamed as CSV / JSON Lines), thread
+timelines and chain verification. Read access needs the `audit` scope."""
+
+from __future__ import annotations
+
+import datetime
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions, generics
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from audit import export, selectors, services
+from audit.api.serializers import (
+    AuditEventSerializer,
+    EventFilterSerializer,
+    TimelineQuerySerializer,
+    TimelineSerializer,
+    VerificationSerializer,
+)
+from audit.models import AuditEvent
+from runs.api.pagination import CursorPagination
+from runs.models import Scope
+
+
+class CSVRenderer(BaseRenderer):
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        # Exports are streamed by the view; this renderer only names the
+        # format for content negotiation.
+        return b"" if data is None else str(data).encode()
+
+
+class JSONLinesRenderer(CSVRenderer):
+    media_type = "application/x-ndjson"
+    format = "jsonl"
+
+
+class FormatParameterFirst(DefaultContentNegotiation):
+    """`?format=` wins over the Accept header, and an unknown one is a 400.
+
+    DRF would answer 406 to `?format=csv` sent with `Accept: application/json`
+    (what many HTTP clients send by default) and 404 to an unknown format.
+    """
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        wanted = format_suffix or request.query_params.get(
+            self.settings.URL_FORMAT_OVERRIDE
+        )
+        if wanted:
+            for renderer in renderers:
+                if renderer.format == wanted:
+                    return renderer, renderer.media_type
+            known = ", ".join(renderer.format for renderer in renderers)
+            raise exceptions.ValidationError({"format": [f"must be one of {known}."]})
+        return super().select_renderer(request, renderers, format_suffix)
+
+
+class JsonErrors:
+    """Errors answer JSON even when the client asked for CSV or JSON Lines."""
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        if isinstance(response, Response) and response.status_code >= 400:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+class AuditEventPagination(CursorPagination):
+    # seq is unique within a tenant: a stable order that new events only
+    # ever extend at the end.
+    ordering = "seq"
+
+    def decode_cursor(self, request):
+        try:
+            return super().decode_cursor(request)
+        except exceptions.NotFound:
+            raise exceptions.ValidationError(
+                {"cursor": ["is not a cursor this API handed out."]}
+            ) from None
+
+
+FORMAT_PARAMETER = OpenApiParameter(
+    "format",
+    str,
+    enum=["json", "csv", "jsonl"],
+    description=(
+        "json (default, paginated), or csv / jsonl: the whole filtered result "
+        "streamed as a download. `Accept: text/csv` or "
+        "`Accept: application/x-ndjson` do the same."
+    ),
+)
+
+
+class AuditEventListView(JsonErrors, generics.ListAPIView):
+    """The tenant's events matching every filter given, oldest first.
+
+    `date` with `tz` selects one local day (23 or 25 hours across a DST
+    change). With `?format=csv|jsonl` or an Accept header naming those types,
+    the whole filtered result streams as a download instead of a page.
+    """
+
+    required_scope = Scope.AUDIT
+    serializer_class = AuditEventSerializer
+    pagination_class = AuditEventPagination
+    filter_backends: list = []
+    renderer_classes = [JSONRenderer, CSVRenderer, JSONLinesRenderer]
+    content_negotiation_class = FormatParameterFirst
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation
+            return AuditEvent.objects.none()
+        params = EventFilterSerializer(data=self.request.query_params)
+        params.is_valid(raise_exception=True)
+        return selectors.event_list(
+            tenant=self.request.principal.tenant, **params.selector_kwargs()
+        )
+
+    @extend_schema(
+        summary="Audit events, oldest first, or an export",
+        parameters=[EventFilterSerializer, FORMAT_PARAMETER],
+        responses={
+            (200, "application/json"): AuditEventSerializer(many=True),
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR),
+            (200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR),
+        },
+    )
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    def list(self, request, *args, **kwargs):
+        export_format = request.accepted_renderer.format
+        if export_format not in export.EXPORTERS:
+            return super().list(request, *args, **kwargs)
+        queryset = self.get_queryset()
+        response = StreamingHttpResponse(
+            export.EXPORTERS[export_format](queryset),
+            content_type=export.CONTENT_TYPES[export_format],
+        )
+        tenant = request.principal.tenant.slug
+        response["Content-Disposition"] = (
+            f'attachment; filename="audit-{tenant}.{export_format}"'
+        )
+        response["Cache-Control"] = "no-store"
+        response["X-Accel-Buffering"] = "no"  # let nginx pass the stream through
+        return response
+
+
+class ThreadTimelineView(JsonErrors, APIView):
+    """What happened in one thread, told from its audit events. It outlives
+    the thread's checkpoints and its deletion; 404 when the thread left no
+    events in this tenant."""
+
+    required_scope = Scope.AUDIT
+
+    @extend_schema(
+        summary="The compact timeline of one thread",
+        parameters=[TimelineQuerySerializer],
+        responses=TimelineSerializer,
+    )
+    def get(self, request, thread_id: str):
+        params = TimelineQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        tz = params.validated_data.get("tz", datetime.UTC)
+        timeline = selectors.thread_timeline(
+            tenant=request.principal.tenant, thread_id=thread_id
+        )
+        if timeline is None:
+            raise exceptions.NotFound(f"No audit events for thread {thread_id!r}.")
+        body = {
+            "thread_id": timeline.thread_id,
+            "deleted": timeline.deleted,
+            "events": timeline.events,
+            "hidden": timeline.hidden,
+            "truncated": timeline.truncated,
+            "first_at": timeline.first_at,
+            "last_at": timeline.last_at,
+            "entries": timeline.entries,
+            "story": timeline.story(tz),
+        }
+        return Response(TimelineSerializer(body).data)
+
+
+class VerifyView(JsonErrors, APIView):
+    """Recomputes the tenant's hash chain from its blocks and events, names
+    the first event that does not match, and keeps the result."""
+
+    required_scope = Scope.AUDIT
+
+    @extend_schema(
+        summary="Recompute the tenant's sealed chain",
+        responses=VerificationSerializer,
+    )
+    def get(self, request):
+        verification = services.audit_verify(
+            tenant=request.principal.tenant, checked_by=request.principal.label
+        )
+        return Response(VerificationSerializer(verification).data)

@@ -1,0 +1,195 @@
+"""Reads of the audit trail: filtered event lists, local days, thread timelines."""
+
+from __future__ import annotations
+
+import datetime
+import zoneinfo
+from dataclasses import dataclass, field
+
+from django.db.models import QuerySet
+
+from audit import events
+from audit.models import ActorType, AuditEvent, AuditVerification
+from runs.models import Tenant
+
+UTC = datetime.UTC
+# A timeline is a summary for a person; a thread with more entries than this
+# (after merging repeats) is cut, and the full list is in the events API.
+MAX_TIMELINE_ENTRIES = 1000
+
+
+def zone(name: str) -> zoneinfo.ZoneInfo:
+    """An IANA zone by name, or ValueError naming what was wrong."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValueError(
+            f"{name!r} is not a known IANA time zone (for example Europe/Paris)"
+        ) from None
+
+
+def day_bounds(
+    day: datetime.date, tz: datetime.tzinfo = UTC
+) -> tuple[datetime.datetime, datetime.datetime]:
+    """The instants [start, end) of one local calendar day, in UTC.
+
+    A day is 23 or 25 hours long across a DST change; both ends are local
+    midnights. Where midnight itself is skipped (a zone that springs forward
+    at 00:00), fold=0 places it at the instant of the change, which is when
+    that local day begins.
+    """
+    start = datetime.datetime.combine(day, datetime.time.min, tzinfo=tz)
+    end = datetime.datetime.combine(
+        day + datetime.timedelta(days=1), datetime.time.min, tzinfo=tz
+    )
+    return start.astimezone(UTC), end.astimezone(UTC)
+
+
+def event_list(
+    *,
+    tenant: Tenant,
+    since: datetime.datetime | None = None,
+    until: datetime.datetime | None = None,
+    day: datetime.date | None = None,
+    tz: datetime.tzinfo = UTC,
+    thread_id: str = "",
+    kind: str = "",
+    action: str = "",
+    actor_type: str = "",
+    actor_id: str | None = None,
+) -> QuerySet[AuditEvent]:
+    """A tenant's events matching every given filter, oldest first (by seq).
+
+    `since` is inclusive and `until` exclusive; `day` (a local date in `tz`)
+    narrows them further to that local day.
+    """
+    queryset = AuditEvent.objects.for_tenant(tenant)
+    if day is not None:
+        start, end = day_bounds(day, tz)
+        since = max(since, start) if since else start
+        until = min(until, end) if until else end
+    if since is not None:
+        queryset = queryset.filter(occurred_at__gte=since)
+    if until is not None:
+        queryset = queryset.filter(occurred_at__lt=until)
+    if thread_id:
+        queryset = queryset.filter(thread_id=thread_id)
+    if kind:
+        queryset = queryset.filter(kind=kind)
+    if action:
+        queryset = queryset.filter(action=action)
+    if actor_type:
+        queryset = queryset.filter(actor_type=actor_type)
+    if actor_id is not None:
+        queryset = queryset.filter(actor_id=actor_id)
+    return queryset.order_by("seq")
+
+
+def parse_actor(value: str) -> tuple[str, str | None]:
+    """`type` or `type:id` (for example `api_key:12`, `agent:refund`)."""
+    actor_type, sep, actor_id = value.partition(":")
+    if actor_type not in ActorType.values:
+        raise ValueError(
+            f"actor must be a type ({', '.join(ActorType.values)}) or type:id, "
+            f"not {value!r}"
+        )
+    return actor_type, (actor_id if sep else None)
+
+
+# --- Thread timelines ---------------------------------------------------------
+
+
+@dataclass
+class TimelineEntry:
+    at: datetime.datetime
+    seq: int
+    last_seq: int
+    kind: str
+    actor: str
+    text: str
+    count: int = 1
+
+
+@dataclass
+class Timeline:
+    thread_id: str
+    events: int = 0
+    hidden: int = 0
+    deleted: bool = False
+    truncated: bool = False
+    first_at: datetime.datetime | None = None
+    last_at: datetime.datetime | None = None
+    entries: list[TimelineEntry] = field(default_factory=list)
+
+    def story(self, tz: datetime.tzinfo = UTC) -> list[str]:
+        """The timeline as lines a person reads top to bottom."""
+        lines = []
+        for entry in self.entries:
+            when = entry.at.astimezone(tz).strftime("%Y-%m-%d %H:%M")
+            times = f" (x{entry.count})" if entry.count > 1 else ""
+            lines.append(f"{when} {entry.text}{times}")
+        return lines
+
+
+_PEOPLE_AND_KEYS = {ActorType.USER, ActorType.API_KEY}
+
+
+def _entry_text(summary: str, actor_type: str, actor_label: str) -> str:
+    # Who acted matters when a person or a key did it ("approved, by rita");
+    # the agent and the system are implied by the story.
+    if actor_type in _PEOPLE_AND_KEYS and actor_label and actor_label not in summary:
+        return f"{summary}, by {actor_label}"
+    return summary
+
+
+def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
+    """The compact story of one thread, or None when it left no events.
+
+    Consecutive repeats (same kind, summary and actor) fold into one entry
+    with a count; kinds declared with timeline=False are only counted.
+    """
+    rows = (
+        AuditEvent.objects.for_tenant(tenant)
+        .filter(thread_id=thread_id)
+        .order_by("seq")
+        .values_list(
+            "seq", "occurred_at", "kind", "actor_type", "actor_label", "summary"
+        )
+    )
+    timeline = Timeline(thread_id=thread_id)
+    for seq, occurred_at, kind, actor_type, actor_label, summary in rows.iterator(
+        chunk_size=1000
+    ):
+        timeline.events += 1
+        timeline.first_at = timeline.first_at or occurred_at
+        timeline.last_at = occurred_at
+        if kind == events.THREAD_DELETED.name:
+            timeline.deleted = True
+        declared = events.REGISTRY.get(kind)
+        if declared is not None and not declared.timeline:
+            timeline.hidden += 1
+            continue
+        text = _entry_text(summary, actor_type, actor_label)
+        last = timeline.entries[-1] if timeline.entries else None
+        if last is not None and (last.kind, last.text) == (kind, text):
+            last.count += 1
+            last.last_seq = seq
+            continue
+        if len(timeline.entries) >= MAX_TIMELINE_ENTRIES:
+            timeline.truncated = True
+            continue
+        timeline.entries.append(
+            TimelineEntry(
+                at=occurred_at,
+                seq=seq,
+                last_seq=seq,
+                kind=kind,
+                actor=actor_label,
+                text=text,
+            )
+        )
+    return timeline if timeline.events else None
+
+
+def latest_verification(*, tenant: Tenant) -> AuditVerification | None:
+    return AuditVerification.objects.for_tenant(tenant).order_by("-checked_at").first()

@@ -1,0 +1,690 @@
+"""Checkpoint store benchmark: DjangoSaver beside LangGraph's PostgresSaver.
+
+    make bench-checkpoints            # or: python bench/checkpoints.py --help
+
+Runs against one Postgres (DATABASE_URL names the server; the benchmark works
+in its own database, `<name>_bench`, created and dropped here), side by side:
+
+- `PostgresSaver`, plain and with `EncryptedSerializer` (AES-EAX, pycryptodome);
+- `DjangoSaver`;
+- a floor: raw psycopg inserts of the bytes DjangoSaver stores (checkpoint,
+  blob and write rows, one transaction per put and per put_writes), with no
+  serialisation, no encryption and no ORM.
+
+Workload: threads whose state is a growing list of chat messages of about 500
+bytes each plus a few scalars, 200 steps per thread, each step a `put` (with
+only the changed channels in `new_versions`) and a `put_writes` of the step's
+two writes. Reported: writes per second (puts + put_writes, median of the
+rounds), `get_tuple` latency for the latest checkpoint of a thread with 10,000
+checkpoints, and bytes in the database per checkpoint of a 200-step thread.
+Results go to the "Checkpoint store" section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import uuid
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SAVERS = ("PostgresSaver", "PostgresSaver+EncryptedSerializer", "DjangoSaver", "floor")
+WORDS = (
+    "refund order invoice customer account shipping delivered package damaged "
+    "please could you check the status of my request thanks again we have "
+    "processed your payment within three business days policy exception agent "
+    "reviewed approved denied escalated ticket number reference update address"
+).split()
+
+
+# --- setup -----------------------------------------------------------------------
+
+
+def _bench_url(server_url: str) -> tuple[str, str]:
+    parts = urlsplit(server_url)
+    name = parts.path.lstrip("/") or "postgres"
+    bench = f"{name}_bench"
+    return bench, urlunsplit(parts._replace(path=f"/{bench}"))
+
+
+def _admin_url(server_url: str) -> str:
+    return urlunsplit(urlsplit(server_url)._replace(path="/postgres"))
+
+
+def _create_database(server_url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_admin_url(server_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _drop_database(server_url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_admin_url(server_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _setup_django(bench_url: str) -> None:
+    os.environ["DATABASE_URL"] = bench_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("SECRET_KEY", "benchmark-only-secret-key")
+    os.environ.setdefault(
+        "GATEHOUSE_MASTER_KEYS",
+        "bench:" + base64.b64encode(os.urandom(32)).decode(),
+    )
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def _with_search_path(url: str, schema: str) -> str:
+    parts = urlsplit(url)
+    query = f"{parts.query}&" if parts.query else ""
+    return urlunsplit(parts._replace(query=f"{query}options=-csearch_path%3D{schema}"))
+
+
+# --- workload ----------------------------------------------------------------------
+
+
+def _message(rng: random.Random, step: int) -> dict:
+    text = []
+    while sum(len(w) + 1 for w in text) < 470:
+        text.append(rng.choice(WORDS))
+    return {
+        "role": "user" if step % 2 else "assistant",
+        "id": f"msg-{step}",
+        "content": " ".join(text),
+    }
+
+
+class Workload:
+    """The checkpoints, versions and writes of one thread, step by step."""
+
+    def __init__(self, saver, thread_id: str, *, window: int | None = None) -> None:
+        self.saver = saver
+        self.thread_id = thread_id
+        self.window = window
+        self.rng = random.Random(thread_id)
+        self.messages: list[dict] = []
+        self.versions: dict[str, str] = {}
+        self.parent: dict | None = None
+        self.step = 0
+
+    def next_step(self):
+        from langgraph.checkpoint.base import empty_checkpoint
+
+        message = _message(self.rng, self.step)
+        self.messages = [*self.messages, message]
+        if self.window:
+            self.messages = self.messages[-self.window :]
+        values = {
+            "messages": self.messages,
+            "step": self.step,
+            "tokens": self.step * 137,
+            "status": "active",
+        }
+        changed = ["messages", "step", "tokens"] + (["status"] if not self.step else [])
+        new_versions = {}
+        for channel in changed:
+            new_versions[channel] = self.saver.get_next_version(
+                self.versions.get(channel), None
+            )
+        self.versions.update(new_versions)
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = values
+        checkpoint["channel_versions"] = dict(self.versions)
+        checkpoint["versions_seen"] = {"agent": dict(self.versions)}
+        config = {"configurable": {"thread_id": self.thread_id, "checkpoint_ns": ""}}
+        if self.parent:
+            config["configurable"]["checkpoint_id"] = self.parent["configurable"][
+                "checkpoint_id"
+            ]
+        metadata = {"source": "loop", "step": self.step, "parents": {}}
+        writes = [("messages", [message]), ("tokens", self.step * 137)]
+        self.step += 1
+        return config, checkpoint, metadata, new_versions, writes
+
+    def run(self, steps: int) -> int:
+        """Puts and put_writes for `steps` steps; returns the number of calls."""
+        for _ in range(steps):
+            config, checkpoint, metadata, new_versions, writes = self.next_step()
+            self.parent = self.saver.put(config, checkpoint, metadata, new_versions)
+            self.saver.put_writes(self.parent, writes, str(uuid.uuid4()))
+        return steps * 2
+
+
+# --- the floor: raw inserts of DjangoSaver's bytes ---------------------------------
+
+FLOOR_DDL = """
+CREATE TABLE IF NOT EXISTS floor_checkpoints (
+    thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL,
+    parent_checkpoint_id TEXT, checkpoint BYTEA NOT NULL, metadata BYTEA NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id));
+CREATE TABLE IF NOT EXISTS floor_blobs (
+    thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL, channel TEXT NOT NULL,
+    version TEXT NOT NULL, blob BYTEA NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, channel, version));
+CREATE TABLE IF NOT EXISTS floor_writes (
+    thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL,
+    task_id TEXT NOT NULL, idx INTEGER NOT NULL, channel TEXT NOT NULL,
+    blob BYTEA NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx));
+"""
+
+
+class FloorSaver:
+    """Stores precomputed bytes with plain INSERTs; the cost of the rows alone."""
+
+    def __init__(self, conn, encoder) -> None:
+        self.conn = conn
+        self.encoder = encoder  # DjangoSaver's encryption, applied before timing
+        self.pending: list = []
+        self.encode_seconds = 0.0
+
+    def get_next_version(self, current, channel):
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+    def prepare(self, workload: Workload, steps: int) -> None:
+        """Encrypt every step as DjangoSaver would, outside the timed part."""
+        self.pending = []
+        for _ in range(steps):
+            config, checkpoint, metadata, new_versions, writes = workload.next_step()
+            started = time.perf_counter()
+            self.pending.append(
+                self.encoder(config, checkpoint, metadata, new_versions, writes)
+            )
+            self.encode_seconds += time.perf_counter() - started
+        workload.step = 0
+
+    def run(self) -> int:
+        with self.conn.cursor() as cur:
+            for checkpoint_row, blob_rows, write_rows in self.pending:
+                with self.conn.transaction():
+                    cur.executemany(
+                        "INSERT INTO floor_blobs VALUES (%s, %s, %s, %s, %s) "
+                        "ON CONFLICT DO NOTHING",
+                        blob_rows,
+                    )
+                    cur.execute(
+                        "INSERT INTO floor_checkpoints VALUES (%s, %s, %s, %s, %s, %s) "
+                        "ON CONFLICT DO NOTHING",
+                        checkpoint_row,
+                    )
+                with self.conn.transaction():
+                    cur.executemany(
+                        "INSERT INTO floor_writes VALUES (%s, %s, %s, %s, %s, %s, %s) "
+                        "ON CONFLICT DO NOTHING",
+                        write_rows,
+                    )
+        return len(self.pending) * 2
+
+
+def _django_encoder(tenant, thread_id: str):
+    """A function producing the rows DjangoSaver would write for one step."""
+    from runs.checkpointer import _is_inline
+    from runs.crypto import ThreadCipher
+    from runs.models import Thread
+
+    thread = Thread.objects.create_with_data_key(tenant=tenant, thread_id=thread_id)
+    cipher = ThreadCipher.for_thread(thread)
+
+    def encode(config, checkpoint, metadata, new_versions, writes):
+        cid = checkpoint["id"]
+        values = checkpoint["channel_values"]
+        inline = {k: v for k, v in values.items() if _is_inline(v)}
+        body = {
+            k: v for k, v in checkpoint.items() if k not in ("id", "channel_values")
+        }
+        body["channel_values"] = inline
+        body["blob_channels"] = sorted(set(values) - set(inline))
+        blob_rows = [
+            (
+                thread_id,
+                "",
+                channel,
+                version,
+                cipher.encrypt_value(
+                    values[channel], row=("blob", "", channel, version)
+                ),
+            )
+            for channel, version in new_versions.items()
+            if channel not in inline
+        ]
+        checkpoint_row = (
+            thread_id,
+            "",
+            cid,
+            config["configurable"].get("checkpoint_id"),
+            cipher.encrypt_value(body, row=("checkpoint", "", cid)),
+            cipher.encrypt_value(metadata, row=("metadata", "", cid)),
+        )
+        task_id = str(uuid.uuid4())
+        write_rows = [
+            (
+                thread_id,
+                "",
+                cid,
+                task_id,
+                idx,
+                channel,
+                cipher.encrypt_value(value, row=("write", "", cid, task_id, idx)),
+            )
+            for idx, (channel, value) in enumerate(writes)
+        ]
+        return checkpoint_row, blob_rows, write_rows
+
+    return encode
+
+
+# --- measurement -------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args, bench_url: str) -> None:
+        self.args = args
+        self.bench_url = bench_url
+        self.stack = ExitStack()
+        self.savers: dict[str, object] = {}
+        self.conns: dict[str, object] = {}
+        # DjangoSaver's work before the database, timed when preparing the floor.
+        self.encode_seconds = 0.0
+        self.encode_calls = 0
+
+    def open(self) -> None:
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+        from runs.checkpointer import DjangoSaver
+        from runs.models import Tenant
+
+        for schema in ("lg_plain", "lg_encrypted", "floor"):
+            with psycopg.connect(self.bench_url, autocommit=True) as conn:
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        for name, schema, serde in (
+            ("PostgresSaver", "lg_plain", None),
+            (
+                "PostgresSaver+EncryptedSerializer",
+                "lg_encrypted",
+                EncryptedSerializer.from_pycryptodome_aes(key=os.urandom(32)),
+            ),
+        ):
+            conn = self.stack.enter_context(
+                psycopg.connect(
+                    _with_search_path(self.bench_url, schema),
+                    autocommit=True,
+                    prepare_threshold=0,
+                    row_factory=psycopg.rows.dict_row,
+                )
+            )
+            saver = PostgresSaver(conn, serde=serde)
+            saver.setup()
+            self.savers[name] = saver
+            self.conns[name] = conn
+        floor_conn = self.stack.enter_context(
+            psycopg.connect(_with_search_path(self.bench_url, "floor"), autocommit=True)
+        )
+        floor_conn.execute(FLOOR_DDL)
+        self.conns["floor"] = floor_conn
+        self.tenant = Tenant.objects.create(slug=f"bench-{uuid.uuid4().hex[:8]}")
+        self.savers["DjangoSaver"] = DjangoSaver(tenant=self.tenant)
+
+    def close(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+        self.stack.close()
+
+    def truncate(self) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute(
+                "TRUNCATE runs_pendingwrite, runs_channelblob, runs_checkpoint, "
+                "runs_thread CASCADE"
+            )
+        for name in ("PostgresSaver", "PostgresSaver+EncryptedSerializer"):
+            self.conns[name].execute(
+                "TRUNCATE checkpoints, checkpoint_blobs, checkpoint_writes"
+            )
+        self.conns["floor"].execute(
+            "TRUNCATE floor_checkpoints, floor_blobs, floor_writes"
+        )
+
+    def vacuum(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.bench_url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+
+    # writes
+
+    def write_thread(self, name: str, thread_id: str) -> tuple[int, float]:
+        """One thread of the workload; returns (calls, seconds)."""
+        if name == "floor":
+            floor = FloorSaver(
+                self.conns["floor"], _django_encoder(self.tenant, thread_id)
+            )
+            floor.prepare(Workload(floor, thread_id), self.args.steps)
+            self.encode_seconds += floor.encode_seconds
+            started = time.perf_counter()
+            calls = floor.run()
+            self.encode_calls += calls
+        else:
+            workload = Workload(self.savers[name], thread_id)
+            started = time.perf_counter()
+            calls = workload.run(self.args.steps)
+        return calls, time.perf_counter() - started
+
+    def writes(self) -> dict[str, list[float]]:
+        results: dict[str, list[float]] = {name: [] for name in SAVERS}
+        for round_no in range(self.args.rounds):
+            self.truncate()
+            self.empty_bytes = self.relation_bytes()
+            calls = dict.fromkeys(SAVERS, 0)
+            seconds = dict.fromkeys(SAVERS, 0.0)
+            # Thread by thread, the stores in turn (in a shuffled order), so a
+            # busy moment of the machine falls on all of them alike.
+            for t in range(self.args.threads):
+                order = list(SAVERS)
+                random.Random(round_no * 1000 + t).shuffle(order)
+                for name in order:
+                    thread_id = f"r{round_no}-t{t}-{uuid.uuid4().hex[:6]}"
+                    done, elapsed = self.write_thread(name, thread_id)
+                    calls[name] += done
+                    seconds[name] += elapsed
+            for name in SAVERS:
+                results[name].append(calls[name] / seconds[name])
+                print(
+                    f"  round {round_no + 1} {name:34s} "
+                    f"{results[name][-1]:8.1f} writes/s"
+                )
+        return results
+
+    # storage
+
+    STORAGE = {
+        "PostgresSaver": (
+            "lg_plain",
+            ("checkpoints", "checkpoint_blobs", "checkpoint_writes"),
+        ),
+        "PostgresSaver+EncryptedSerializer": (
+            "lg_encrypted",
+            ("checkpoints", "checkpoint_blobs", "checkpoint_writes"),
+        ),
+        "DjangoSaver": (
+            "public",
+            ("runs_checkpoint", "runs_channelblob", "runs_pendingwrite", "runs_thread"),
+        ),
+        "floor": ("floor", ("floor_checkpoints", "floor_blobs", "floor_writes")),
+    }
+
+    def relation_bytes(self) -> dict[str, int]:
+        """Tables + indexes + TOAST of each store, as they stand."""
+        import psycopg
+
+        totals = {}
+        with psycopg.connect(self.bench_url) as conn:
+            for name, (schema, tables) in self.STORAGE.items():
+                totals[name] = sum(
+                    conn.execute(
+                        "SELECT pg_total_relation_size(%s)", (f"{schema}.{table}",)
+                    ).fetchone()[0]
+                    for table in tables
+                )
+        return totals
+
+    def sizes(self, empty: dict[str, int]) -> dict[str, float]:
+        """Bytes per checkpoint the last round added to its emptied tables.
+
+        Growth from the emptied tables, so the fixed cost of an empty table
+        and its indexes is not spread over the checkpoints.
+        """
+        checkpoints = self.args.threads * self.args.steps
+        now = self.relation_bytes()
+        return {name: (now[name] - empty[name]) / checkpoints for name in now}
+
+    # reads
+
+    def get_tuple_latency(self) -> dict[str, list[float]]:
+        from runs.checkpointer import DjangoSaver
+
+        args = self.args
+        self.truncate()
+        readers = {}
+        for name in SAVERS:
+            if name == "floor":
+                continue
+            saver = self.savers[name]
+            if isinstance(saver, DjangoSaver):
+                saver = DjangoSaver(tenant=self.tenant)  # nothing cached
+            thread_id = f"long-{uuid.uuid4().hex[:6]}"
+            started = time.perf_counter()
+            Workload(saver, thread_id, window=args.window).run(args.history)
+            print(
+                f"  {name}: {args.history} checkpoints written in "
+                f"{time.perf_counter() - started:.1f}s"
+            )
+            readers[name] = (
+                saver,
+                {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}},
+            )
+        self.vacuum()
+        for saver, config in readers.values():
+            for _ in range(20):  # warm caches, plans and prepared statements
+                found = saver.get_tuple(config)
+            assert found.metadata["step"] == args.history - 1, found.metadata
+        # Interleaved, so that a busy moment of the machine hits every store.
+        latencies: dict[str, list[float]] = {name: [] for name in readers}
+        for _ in range(args.reads):
+            for name, (saver, config) in readers.items():
+                started = time.perf_counter()
+                saver.get_tuple(config)
+                latencies[name].append(time.perf_counter() - started)
+        return latencies
+
+
+# --- report ------------------------------------------------------------------------
+
+
+def _machine() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SHOW server_version")
+        server = cur.fetchone()[0]
+    packages = [
+        "langgraph",
+        "langgraph-checkpoint",
+        "langgraph-checkpoint-postgres",
+        "Django",
+        "psycopg",
+        "cryptography",
+        "pycryptodome",
+        "ormsgpack",
+    ]
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{cpu}, {os.cpu_count()} cores, {platform.system()} "
+        f"{platform.release()}",
+        "python": platform.python_version(),
+        "postgres": server,
+        "packages": ", ".join(f"{p} {version(p)}" for p in packages),
+    }
+
+
+def _percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def report(args, writes, sizes, latencies, encode_ms: float) -> str:
+    machine = _machine()
+    medians = {name: statistics.median(rates) for name, rates in writes.items()}
+    django = medians["DjangoSaver"]
+    floor_ms = 1000 / medians["floor"]
+    lines = [
+        "## Checkpoint store",
+        "",
+        f"`bench/checkpoints.py` (`make bench-checkpoints`), run {machine['date']}.",
+        "",
+        f"- Machine: {machine['machine']}; Python {machine['python']}; "
+        f"PostgreSQL {machine['postgres']} on the same machine.",
+        f"- Versions: {machine['packages']}.",
+        f"- Workload: {args.threads} threads x {args.steps} steps per round, "
+        f"{args.rounds} rounds; state = a growing list of ~500-byte chat messages "
+        "(dicts) plus 3 scalars; each step one `put` (changed channels only) and "
+        "one `put_writes` of 2 writes. `get_tuple`: the latest checkpoint of a "
+        f"thread with {args.history} checkpoints (messages window of "
+        f"{args.window}), {args.reads} reads. Bytes per checkpoint: what the "
+        "last round's threads added to their emptied tables (tables, indexes, "
+        "TOAST), over its checkpoints; DjangoSaver's include its thread rows.",
+        "- Floor: raw psycopg INSERTs of the very bytes DjangoSaver stores "
+        "(encrypted beforehand, outside the timing), one transaction per put and "
+        "per put_writes. Preparing them (serialise, compress, encrypt: the work "
+        f"DjangoSaver does before the database) took {encode_ms:.2f} ms per call.",
+        "- Writes: the stores take turns thread by thread, so that a busy moment "
+        "of the machine falls on all of them; reads are interleaved call by call.",
+        "",
+        "| store | writes/s (median) | DjangoSaver ratio | get_tuple median | "
+        "get_tuple p95 | bytes per checkpoint |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in SAVERS:
+        rate = medians[name]
+        if name in latencies:
+            median_ms = f"{statistics.median(latencies[name]) * 1000:.2f} ms"
+            p95_ms = f"{_percentile(latencies[name], 0.95) * 1000:.2f} ms"
+        else:
+            median_ms = p95_ms = "n/a"
+        ratio = "1.00" if name == "DjangoSaver" else f"{django / rate:.2f}"
+        lines.append(
+            f"| {name} | {rate:,.0f} | {ratio} | {median_ms} | {p95_ms} | "
+            f"{sizes[name]:,.0f} |"
+        )
+    targets = []
+
+    def target(ok: bool, text: str) -> None:
+        targets.append(f"- {'met' if ok else 'MISSED'}: {text}")
+
+    encrypted = "PostgresSaver+EncryptedSerializer"
+    target(
+        django / medians[encrypted] >= 1.0,
+        f"writes at least as fast as {encrypted} "
+        f"(ratio {django / medians[encrypted]:.2f}, target >= 1.0)",
+    )
+    target(
+        medians["floor"] / django <= 1.5,
+        f"within 1.5x of the raw-insert floor (the floor is "
+        f"{medians['floor'] / django:.2f}x faster; the floor plus DjangoSaver's "
+        f"encoding, {floor_ms:.2f} + {encode_ms:.2f} ms per call, would be "
+        f"{1000 / django / (floor_ms + encode_ms):.2f}x faster)",
+    )
+    lg_latency = statistics.median(latencies["PostgresSaver"])
+    dj_latency = statistics.median(latencies["DjangoSaver"])
+    target(
+        dj_latency <= lg_latency,
+        f"get_tuple no slower than PostgresSaver ({dj_latency * 1000:.2f} ms vs "
+        f"{lg_latency * 1000:.2f} ms)",
+    )
+    target(
+        sizes["DjangoSaver"] <= sizes["PostgresSaver"],
+        f"storage no larger than PostgresSaver ({sizes['DjangoSaver']:,.0f} vs "
+        f"{sizes['PostgresSaver']:,.0f} bytes per checkpoint)",
+    )
+    lines += ["", "Targets:", "", *targets, ""]
+    if args.note:
+        lines += [Path(args.note).read_text().strip(), ""]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace the "Checkpoint store" section, keeping any other section."""
+    heading = "## Checkpoint store"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if heading in text:
+        before, _, rest = text.partition(heading)
+        after = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
+        text = before + section + ("\n" + after if after else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text.rstrip("\n") + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=3, help="threads per round")
+    parser.add_argument("--steps", type=int, default=200, help="steps per thread")
+    parser.add_argument("--rounds", type=int, default=3, help="write rounds")
+    parser.add_argument(
+        "--history", type=int, default=10_000, help="checkpoints of the read thread"
+    )
+    parser.add_argument(
+        "--window", type=int, default=20, help="messages kept in the read thread"
+    )
+    parser.add_argument("--reads", type=int, default=300, help="get_tuple samples")
+    parser.add_argument(
+        "--output", default=str(ROOT / "docs" / "benchmarks.md"), help="report file"
+    )
+    parser.add_argument("--note", help="a file whose text closes the report")
+    parser.add_argument(
+        "--keep-database", action="store_true", help="do not drop <name>_bench"
+    )
+    args = parser.parse_args()
+
+    server_url = os.environ.get(
+        "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gatehouse"
+    )
+    if not server_url.startswith("postgres"):
+        sys.exit("DATABASE_URL must point at PostgreSQL")
+    name, bench_url = _bench_url(server_url)
+    _create_database(server_url, name)
+    bench = Bench(args, bench_url.replace("postgres://", "postgresql://", 1))
+    try:
+        _setup_django(bench_url)
+        bench.open()
+        print(f"writes: {args.rounds} rounds of {args.threads} x {args.steps} steps")
+        writes = bench.writes()
+        sizes = bench.sizes(bench.empty_bytes)
+        print(f"get_tuple: a thread of {args.history} checkpoints")
+        latencies = bench.get_tuple_latency()
+        encode_ms = bench.encode_seconds / bench.encode_calls * 1000
+        section = report(args, writes, sizes, latencies, encode_ms)
+        print()
+        print(section)
+        write_section(Path(args.output), section)
+        print(f"written to {args.output}")
+    finally:
+        bench.close()
+        if not args.keep_database:
+            _drop_database(server_url, name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,613 @@
+"""The scheduled jobs: what each does, in bounded batches, and the runner.
+
+Every job is a function `(now, batch_size, dry_run, deadline, progress) ->
+SweepResult` that works in batches, each one transaction that locks its rows
+FOR UPDATE SKIP LOCKED (Postgres): two runs at once never handle one row
+twice and never wait for each other, and a run killed midway loses only its
+open batch, which the next run does again. A dry run reads the same rows
+without locking or changing anything and lists what it would do.
+
+`job_run()` runs one job and records one `retention.job_ran` audit event with
+its counts in each tenant it changed something for (the trail is per tenant,
+and a tenant's trail never holds another tenant's figures); a run that changed
+nothing records nothing. The Celery tasks (retention.tasks) and
+`manage.py retention_run` both go through it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Exists, OuterRef, Q
+from django.utils import timezone
+
+from approvals.escalation import (
+    SweepResult,
+    approvals_close_orphaned,
+    approvals_escalate,
+)
+from audit import events, sealing
+from audit.models import AuditBlock, AuditChainHead, AuditEvent, AuditSequence
+from audit.services import Actor, purge_before, record
+from retention import services
+from retention.models import DeletionRequest
+from runs.models import Checkpoint, Run, Tenant, Thread
+from runs.services import runs_recover_stalled
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[int], None]
+# Threads looked at per candidate query of the pruning job (no locks taken).
+PRUNE_SCAN_PAGE = 2000
+
+
+def _out_of_time(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
+
+
+def _tick(progress: Progress | None, count: int) -> None:
+    if progress is not None and count:
+        progress(count)
+
+
+def _tenants(*, skip_held: bool = True) -> list[Tenant]:
+    held = services.held_tenant_ids() if skip_held else set()
+    return [tenant for tenant in Tenant.objects.order_by("pk") if tenant.pk not in held]
+
+
+def _active_run() -> Exists:
+    return Exists(Run.objects.filter(thread_id=OuterRef("pk"), status__in=Run.ACTIVE))
+
+
+# --- expire threads past their TTL ----------------------------------------------
+
+
+def expirable_threads(tenant: Tenant, now: datetime):
+    """The tenant's threads past their TTL that nothing is running on.
+
+    A thread expires `checkpoint_ttl_days` after its last activity: the
+    latest change of its row (every run touches it) or its latest checkpoint,
+    whichever is later; a thread's own `expires_at`, when set, wins. Threads
+    under legal hold never expire.
+    """
+    cutoff = now - services.policy_for(tenant).checkpoint_ttl
+    recent_checkpoint = Exists(
+        Checkpoint.objects.filter(thread_id=OuterRef("pk"), created_at__gte=cutoff)
+    )
+    idle = Q(expires_at__isnull=True, updated_at__lt=cutoff) & ~recent_checkpoint
+    return (
+        Thread.objects.filter(tenant=tenant, deleted_at__isnull=True, legal_hold=False)
+        .filter(Q(expires_at__lte=now) | idle)
+        .exclude(_active_run())
+    )
+
+
+def expire_threads(
+    *,
+    now: datetime | None = None,
+    batch_size: int = 100,
+    dry_run: bool = False,
+    deadline: float | None = None,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Shred and remove threads idle past their TTL; their audit trail stays."""
+    now = now or timezone.now()
+    result = SweepResult()
+    for tenant in _tenants():
+        candidates = expirable_threads(tenant, now)
+        if dry_run:
+            found = candidates.annotate(
+                checkpoint_rows=Count("checkpoints")
+            ).values_list("thread_id", "checkpoint_rows")
+            for thread_id, rows in found.iterator():
+                result.add(tenant.pk, "threads_expired")
+                result.add(tenant.pk, "checkpoints", rows)
+                result.plan.append(
+                    f"expire thread {tenant.slug}/{thread_id} ({rows} checkpoints)"
+                )
+            continue
+        cursor = 0
+        while not _out_of_time(deadline):
+            with transaction.atomic():
+                batch = list(
+                    candidates.filter(pk__gt=cursor)
+                    .select_related("tenant")
+                    .select_for_update(skip_locked=True, of=("self",))
+                    .order_by("pk")[:batch_size]
+                )
+                if not batch:
+                    break
+                removed, busy = services.threads_remove(
+                    threads=batch,
+                    requested_by=services.TTL_ACTOR,
+                    reason="checkpoint TTL",
+                )
+                for counts in removed.values():
+                    result.add(tenant.pk, "threads_expired")
+                    for name, rows in counts.items():
+                        result.add(tenant.pk, name, rows)
+                if busy:
+                    result.add(tenant.pk, "threads_busy", len(busy))
+                cursor = batch[-1].pk
+            _tick(progress, len(batch))
+    return result
+
+
+# --- prune checkpoints to the latest N ------------------------------------------
+
+
+def _prunable(tenant: Tenant):
+    return Thread.objects.filter(
+        tenant=tenant,
+        deleted_at__isnull=True,
+        wrapped_data_key__isnull=False,
+        legal_hold=False,
+        uses_delta_channels=False,
+    )
+
+
+def _over_limit(thread_pks: list[int], keep: int) -> list[int]:
+    return sorted(
+        set(
+            Checkpoint.objects.filter(thread_id__in=thread_pks)
+            .values("thread_id", "checkpoint_ns")
+            .annotate(rows=Count("pk"))
+            .filter(rows__gt=keep)
+            .values_list("thread_id", flat=True)
+        )
+    )
+
+
+def prune_checkpoints(
+    *,
+    now: datetime | None = None,
+    batch_size: int = 100,
+    dry_run: bool = False,
+    deadline: float | None = None,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Keep each thread's latest N checkpoints (its tenant's policy).
+
+    Threads with a queued or running run are left for the next run; the
+    latest checkpoint of a thread and its pending writes always stay, so an
+    interrupted thread resumes as before. Threads that use DeltaChannels are
+    never pruned: their earlier checkpoints are part of their value.
+    """
+    result = SweepResult()
+    for tenant in _tenants():
+        keep = services.policy_for(tenant).keep_latest_checkpoints
+        threads = _prunable(tenant)
+        cursor = 0
+        while not _out_of_time(deadline):
+            page = list(
+                threads.filter(pk__gt=cursor)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:PRUNE_SCAN_PAGE]
+            )
+            if not page:
+                break
+            cursor = page[-1]
+            over = _over_limit(page, keep)
+            for start in range(0, len(over), batch_size):
+                if _out_of_time(deadline):
+                    break
+                chunk = over[start : start + batch_size]
+                if dry_run:
+                    _plan_prune(result, tenant, chunk, keep)
+                    continue
+                with transaction.atomic():
+                    locked = list(
+                        threads.filter(pk__in=chunk)
+                        .exclude(_active_run())
+                        .select_for_update(skip_locked=True, of=("self",))
+                        .order_by("pk")
+                    )
+                    removed = services.checkpoints_prune(threads=locked, keep=keep)
+                    for counts in removed.values():
+                        result.add(tenant.pk, "threads_pruned")
+                        for name, rows in counts.items():
+                            result.add(tenant.pk, name, rows)
+                    skipped = len(chunk) - len(locked)
+                    if skipped:
+                        result.add(tenant.pk, "threads_busy", skipped)
+                _tick(progress, len(chunk))
+    return result
+
+
+def _plan_prune(result: SweepResult, tenant: Tenant, thread_pks, keep: int) -> None:
+    rows = (
+        Checkpoint.objects.filter(thread_id__in=thread_pks)
+        .values("thread_id", "thread__thread_id", "checkpoint_ns")
+        .annotate(rows=Count("pk"))
+        .filter(rows__gt=keep)
+        .order_by("thread_id")
+    )
+    for row in rows:
+        doomed = row["rows"] - keep
+        result.add(tenant.pk, "threads_pruned")
+        result.add(tenant.pk, "checkpoints", doomed)
+        ns = f" ns {row['checkpoint_ns']!r}" if row["checkpoint_ns"] else ""
+        result.plan.append(
+            f"prune thread {tenant.slug}/{row['thread__thread_id']}{ns}: "
+            f"{doomed} of {row['rows']} checkpoints (keep {keep})"
+        )
+
+
+# --- approvals ---------------------------------------------------------------------
+
+
+def escalate_approvals(**options) -> SweepResult:
+    """Remind, escalate and finally expire unanswered approval requests."""
+    return approvals_escalate(**options)
+
+
+def close_orphaned_approvals(*, now=None, **options) -> SweepResult:
+    """Close pending approvals whose thread, run or agent version is gone."""
+    return approvals_close_orphaned(**options)
+
+
+# --- deletion requests ---------------------------------------------------------------
+
+
+def carry_out_deletions(
+    *,
+    now: datetime | None = None,
+    batch_size: int = 100,
+    dry_run: bool = False,
+    deadline: float | None = None,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Remove the rows of requested deletions, a batch of threads at a time.
+
+    Requests on hold are looked at too: once their hold is lifted, they go
+    ahead (key shredded, then rows removed, in one transaction).
+    """
+    result = SweepResult()
+    open_requests = DeletionRequest.objects.filter(
+        status__in=DeletionRequest.OPEN
+    ).order_by("created_at", "pk")
+    cursor = None
+    while not _out_of_time(deadline):
+        queryset = open_requests
+        if cursor is not None:
+            queryset = queryset.filter(
+                Q(created_at__gt=cursor[0]) | Q(created_at=cursor[0], pk__gt=cursor[1])
+            )
+        request = queryset.select_related("tenant").first()
+        if request is None:
+            break
+        cursor = (request.created_at, request.pk)
+        if dry_run:
+            _plan_deletion(result, request)
+            continue
+        while not _out_of_time(deadline):
+            step = services.deletion_carry_out(request=request, batch_size=batch_size)
+            if step is None:
+                break  # another sweep holds it, or it is no longer open
+            for counts in step.removed.values():
+                result.add(request.tenant_id, "threads_removed")
+                for name, rows in counts.items():
+                    result.add(request.tenant_id, name, rows)
+            if step.busy:
+                result.add(request.tenant_id, "threads_busy", step.busy)
+            _tick(progress, len(step.removed))
+            if step.request.status == DeletionRequest.Status.COMPLETED:
+                result.add(request.tenant_id, "requests_completed")
+            if not step.removed or not step.request.is_open:
+                break
+    return result
+
+
+def _plan_deletion(result: SweepResult, request: DeletionRequest) -> None:
+    threads = services.request_threads(request)
+    tenant_held = services.tenant_on_hold(request.tenant_id)
+    rows = list(threads.values_list("thread_id", "legal_hold"))
+    held = sum(1 for _, on_hold in rows if on_hold or tenant_held)
+    checkpoints = Checkpoint.objects.filter(thread__in=threads).count()
+    result.add(request.tenant_id, "threads_removed", len(rows) - held)
+    result.add(request.tenant_id, "checkpoints", checkpoints)
+    if held:
+        result.add(request.tenant_id, "threads_on_hold", held)
+    what = request.thread_ref or "a data subject"
+    result.plan.append(
+        f"deletion request {request.pk} ({request.tenant.slug}, {what}, "
+        f"{request.status}): remove {len(rows) - held} thread(s), "
+        f"{checkpoints} checkpoints; {held} on legal hold"
+    )
+
+
+# --- runs whose lease expired ------------------------------------------------------
+
+
+def recover_runs(
+    *,
+    now: datetime | None = None,
+    batch_size: int = 100,
+    dry_run: bool = False,
+    deadline: float | None = None,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Re-dispatch runs whose lease expired (runs.services.runs_recover_stalled).
+
+    Counted per tenant before dispatching; the worker that claims a run takes
+    it over from its last checkpoint and records `run.recovered`.
+    """
+    now = now or timezone.now()
+    result = SweepResult()
+    expired = (
+        Run.objects.filter(status=Run.Status.RUNNING, lease_until__lt=now)
+        .order_by("lease_until")
+        .values_list("tenant_id", "tenant__slug", "thread__thread_id", "id")
+    )[:batch_size]
+    for tenant_id, slug, thread_id, run_id in expired:
+        result.add(tenant_id, "expired_leases")
+        result.plan.append(
+            f"re-dispatch run {run_id} ({slug}/{thread_id}): lease expired"
+        )
+    if not dry_run:
+        dispatched = runs_recover_stalled(batch_size=batch_size)
+        _tick(progress, sum(dispatched.values()))
+    return result
+
+
+# --- the audit trail ------------------------------------------------------------------
+
+
+def seal_audit(
+    *,
+    now: datetime | None = None,
+    batch_size: int = 100,
+    dry_run: bool = False,
+    deadline: float | None = None,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Seal new audit events into each tenant's hash chain (audit.sealing)."""
+    result = SweepResult()
+    if dry_run:
+        heads = dict(AuditChainHead.objects.values_list("tenant_id", "last_seq"))
+        for tenant_id, slug, last_seq in AuditSequence.objects.values_list(
+            "tenant_id", "tenant__slug", "last_seq"
+        ):
+            unsealed = last_seq - heads.get(tenant_id, 0)
+            if unsealed > 0:
+                result.add(tenant_id, "events_sealed", unsealed)
+                result.plan.append(f"seal {unsealed} audit event(s) of {slug}")
+        return result
+    for tenant_id in sealing.pending_tenant_ids():
+        while not _out_of_time(deadline):
+            sealed = sealing.seal_tenant(tenant_id=tenant_id)
+            if sealed:
+                result.add(tenant_id, "blocks_sealed")
+                result.add(tenant_id, "events_sealed", sealed)
+                _tick(progress, sealed)
+            if sealed < sealing.MAX_BLOCK_EVENTS:
+                break
+    return result
+
+
+def purge_audit(
+    *,
+    now: datetime | None = None,
+    batch_size: int = 100,
+    dry_run: bool = False,
+    deadline: float | None = None,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Purge sealed audit events past each tenant's audit retention.
+
+    Whole sealed blocks only, so the chain stays verifiable; the purge
+    leaves its own `audit.purged` event. Tenants under legal hold keep all.
+    """
+    now = now or timezone.now()
+    result = SweepResult()
+    for tenant in _tenants():
+        if _out_of_time(deadline):
+            break
+        before = now - services.policy_for(tenant).audit_retention
+        if dry_run:
+            first_recent = (
+                AuditEvent.objects.for_tenant(tenant)
+                .filter(occurred_at__gte=before)
+                .order_by("seq")
+                .values_list("seq", flat=True)
+                .first()
+            )
+            blocks = AuditBlock.objects.for_tenant(tenant)
+            if first_recent is not None:
+                blocks = blocks.filter(last_seq__lt=first_recent)
+            through = blocks.order_by("-last_seq").values_list("last_seq", flat=True)
+            last = through.first()
+            if last:
+                old = (
+                    AuditEvent.objects.for_tenant(tenant).filter(seq__lte=last).count()
+                )
+                if old:
+                    result.add(tenant.pk, "events_purged", old)
+                    result.plan.append(
+                        f"purge {old} audit event(s) of {tenant.slug} through "
+                        f"#{last} (older than {before:%Y-%m-%d})"
+                    )
+            continue
+        purged = purge_before(
+            tenant=tenant, before=before, actor=Actor.system("retention")
+        )
+        if purged.events:
+            result.add(tenant.pk, "events_purged", purged.events)
+            result.add(tenant.pk, "blocks_purged", purged.blocks)
+            _tick(progress, purged.events)
+    return result
+
+
+# --- the registry and the runner ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    function: Callable[..., SweepResult]
+    # The Celery task beat runs for it (retention/migrations/0003_beat_schedule).
+    task: str
+    summary: str
+    unit: str  # what progress counts
+
+
+JOBS: dict[str, Job] = {
+    job.name: job
+    for job in (
+        Job(
+            "recover_runs",
+            recover_runs,
+            "runs.recover_stalled_runs",
+            "re-dispatch runs whose lease expired",
+            "runs",
+        ),
+        Job(
+            "escalate_approvals",
+            escalate_approvals,
+            "retention.escalate_approvals",
+            "remind, escalate and expire unanswered approvals",
+            "approvals",
+        ),
+        Job(
+            "close_orphaned_approvals",
+            close_orphaned_approvals,
+            "retention.close_orphaned_approvals",
+            "close approvals whose thread, run or version is gone",
+            "approvals",
+        ),
+        Job(
+            "carry_out_deletions",
+            carry_out_deletions,
+            "retention.carry_out_deletions",
+            "remove the rows of requested deletions",
+            "threads",
+        ),
+        Job(
+            "expire_threads",
+            expire_threads,
+            "retention.expire_threads",
+            "delete threads idle past their TTL",
+            "threads",
+        ),
+        Job(
+            "prune_checkpoints",
+            prune_checkpoints,
+            "retention.prune_checkpoints",
+            "prune checkpoints to the latest N per thread",
+            "threads",
+        ),
+        Job(
+            "seal_audit",
+            seal_audit,
+            "audit.seal",
+            "seal new audit events into hash-chained blocks",
+            "events",
+        ),
+        Job(
+            "purge_audit",
+            purge_audit,
+            "retention.purge_audit",
+            "purge audit events past their retention",
+            "events",
+        ),
+    )
+}
+
+
+@dataclass
+class JobReport:
+    job: str
+    dry_run: bool
+    counts: dict[int, Counter]
+    plan: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    stopped_early: bool = False
+
+    @property
+    def totals(self) -> Counter:
+        totals: Counter = Counter()
+        for counts in self.counts.values():
+            totals.update(counts)
+        return totals
+
+    def outcome(self) -> str:
+        return describe_counts(self.totals)
+
+
+def describe_counts(counts: Counter | dict) -> str:
+    parts = [
+        f"{rows} {name.replace('_', ' ')}" for name, rows in sorted(counts.items())
+    ]
+    return ", ".join(parts) if parts else "nothing to do"
+
+
+def job_run(
+    name: str,
+    *,
+    dry_run: bool = False,
+    batch_size: int | None = None,
+    time_budget: float | None = None,
+    progress: Progress | None = None,
+    now: datetime | None = None,
+) -> JobReport:
+    """Run one job once; record one audit event per tenant it changed."""
+    try:
+        job = JOBS[name]
+    except KeyError:
+        raise ValueError(
+            f"no retention job {name!r}; jobs: {', '.join(JOBS)}"
+        ) from None
+    started = time.monotonic()
+    deadline = started + time_budget if time_budget else None
+    result = job.function(
+        now=now,
+        batch_size=batch_size or settings.GATEHOUSE_RETENTION_BATCH_SIZE,
+        dry_run=dry_run,
+        deadline=deadline,
+        progress=progress,
+    )
+    report = JobReport(
+        job=name,
+        dry_run=dry_run,
+        counts={pk: counts for pk, counts in result.counts.items() if counts},
+        plan=result.plan,
+        seconds=time.monotonic() - started,
+        stopped_early=_out_of_time(deadline),
+    )
+    if not dry_run:
+        _record(report)
+    logger.info(
+        "retention job %s%s: %s in %.1fs",
+        name,
+        " (dry run)" if dry_run else "",
+        report.outcome(),
+        report.seconds,
+    )
+    return report
+
+
+def _record(report: JobReport) -> None:
+    tenants = Tenant.objects.in_bulk(list(report.counts))
+    for tenant_id, counts in sorted(report.counts.items()):
+        tenant = tenants.get(tenant_id)
+        if tenant is None:
+            continue
+        with transaction.atomic():
+            record(
+                tenant=tenant,
+                kind=events.RETENTION_JOB_RAN,
+                actor=Actor.system("retention"),
+                data={
+                    "job": report.job,
+                    "outcome": describe_counts(counts)[:200],
+                    "stopped_early": report.stopped_early,
+                    **{name[:64]: int(rows) for name, rows in counts.items()},
+                },
+            )

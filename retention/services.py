@@ -1,0 +1,761 @@
+"""Retention use cases: policies, legal holds, deletion requests, and the two
+operations the scheduled jobs repeat in batches: removing threads and pruning
+their checkpoints.
+
+Removing a thread (expiry, a deletion request): its data key is destroyed
+first, so everything it stored is unreadable at once, in backups too; then its
+checkpoints, channel blobs and pending writes are deleted, and the content
+other apps keep for it (run inputs, resume values and errors, tool results,
+approval payloads, decision notes, reviewer cards, outbox messages) is cleared.
+The thread row stays as a tombstone (ids, timestamps), open approvals are
+closed, and the audit trail, which holds no content, keeps every event plus a
+`thread.deleted` tombstone with the counts; a `ThreadRemoval` row records it
+for retention, so a thread is never removed twice.
+
+Locks: a batch locks its threads FOR UPDATE SKIP LOCKED (a thread that a run
+is writing to holds FOR KEY SHARE and is passed by until the next sweep), then
+their pending approvals SKIP LOCKED: a thread whose approval a reviewer is
+deciding at that moment is left for the next sweep, so a sweep never waits on
+a person's transaction nor deadlocks with `approval_decide` (which locks the
+request, then the thread).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.apps import apps
+from django.db import connection, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q, Window
+from django.db.models.functions import RowNumber
+from django.utils import timezone
+
+from approvals.escalation import approval_close
+from approvals.models import ApprovalRequest
+from audit import events
+from audit.services import Actor, record, thread_tombstone_record
+from retention.models import DeletionRequest, LegalHold, RetentionPolicy, ThreadRemoval
+from runs import crypto
+from runs.errors import InvalidRequest, StateConflict
+from runs.models import ChannelBlob, Checkpoint, PendingWrite, Run, Tenant, Thread
+from runs.services import run_cancel_active
+from runs.services.threads import subject_hash
+
+RETENTION = Actor.system("retention")
+TTL_ACTOR = Actor.system("retention policy (checkpoint TTL)")
+_CHUNK = 500
+
+# Content other apps keep for a thread: (model, path to the thread, field, the
+# cleared value). Models that are not installed are skipped.
+THREAD_CONTENT = (
+    ("runs.Run", "thread", ("input", "resume", "error"), None, "run_contents"),
+    ("runs.ToolCall", "thread", ("result",), None, "tool_results"),
+    ("approvals.ApprovalRequest", "thread", ("payload",), b"", "approval_payloads"),
+    ("approvals.Decision", "request__thread", ("detail",), b"", "decision_notes"),
+    ("approvals.RequestOpening", "request__thread", ("card",), b"", "reviewer_cards"),
+    (
+        "approvals.DecisionSnapshot",
+        "decision__request__thread",
+        ("card",),
+        b"",
+        "decision_cards",
+    ),
+)
+# Rows that are nothing but a thread's content: deleted.
+THREAD_CONTENT_ROWS = (("runs.DemoOutboxMessage", "thread", "outbox_messages"),)
+
+
+# --- policies ----------------------------------------------------------------------
+
+
+def policy_for(tenant: Tenant) -> RetentionPolicy:
+    return RetentionPolicy.for_tenant(tenant)
+
+
+POLICY_FIELDS = (
+    "checkpoint_ttl_days",
+    "keep_latest_checkpoints",
+    "audit_retention_days",
+    "approval_due_hours_low",
+    "approval_due_hours_medium",
+    "approval_due_hours_high",
+    "escalation_chain",
+    "expire_after_hours",
+    "final_action",
+)
+
+
+@transaction.atomic
+def retention_policy_set(
+    *, tenant: Tenant, actor: Actor, **values: Any
+) -> RetentionPolicy:
+    """Create or change the tenant's policy; ValidationError if it is not sane."""
+    unknown = set(values) - set(POLICY_FIELDS)
+    if unknown:
+        raise TypeError(f"not policy fields: {', '.join(sorted(unknown))}")
+    policy = RetentionPolicy.objects.select_for_update().filter(
+        tenant=tenant
+    ).first() or RetentionPolicy(tenant=tenant)
+    before = {name: getattr(policy, name) for name in POLICY_FIELDS}
+    for name, value in values.items():
+        setattr(policy, name, value)
+    return _policy_save(policy, before=before, created=policy.pk is None, actor=actor)
+
+
+def _policy_save(
+    policy: RetentionPolicy, *, before: dict, created: bool, actor: Actor
+) -> RetentionPolicy:
+    policy.full_clean()
+    changed = [
+        name
+        for name in POLICY_FIELDS
+        if created or getattr(policy, name) != before[name]
+    ]
+    policy.updated_by = actor.label[:200]
+    policy.save()
+    if changed:
+        record(
+            tenant=policy.tenant,
+            kind=events.RETENTION_POLICY_CHANGED,
+            actor=actor,
+            data={
+                "fields": ", ".join(changed)[:200],
+                **{name: _audit_value(getattr(policy, name)) for name in changed},
+            },
+        )
+    return policy
+
+
+@transaction.atomic
+def retention_policy_save(*, policy: RetentionPolicy, actor: Actor) -> RetentionPolicy:
+    """Save a policy edited as a model instance (the admin's form)."""
+    stored = RetentionPolicy.objects.select_for_update().filter(pk=policy.pk).first()
+    before = {name: getattr(stored, name, None) for name in POLICY_FIELDS}
+    return _policy_save(policy, before=before, created=stored is None, actor=actor)
+
+
+def _audit_value(value: Any) -> Any:
+    if isinstance(value, list):  # the chain: its shape, in short
+        return " > ".join(
+            f"{step['name']}+{step['after_hours']}h:{'/'.join(step['notify'])}"
+            for step in value
+        )[:200]
+    return value
+
+
+# --- legal holds -----------------------------------------------------------------
+
+
+def held_tenant_ids() -> set[int]:
+    return set(
+        LegalHold.objects.active().on_tenant().values_list("tenant_id", flat=True)
+    )
+
+
+def tenant_on_hold(tenant: Tenant | int) -> bool:
+    tenant_id = tenant if isinstance(tenant, int) else tenant.pk
+    return LegalHold.objects.active().on_tenant().filter(tenant_id=tenant_id).exists()
+
+
+def thread_is_held(thread: Thread) -> bool:
+    return thread.legal_hold or tenant_on_hold(thread.tenant_id)
+
+
+def _hold_target(hold: LegalHold) -> str:
+    return f"thread {hold.thread.thread_id}" if hold.thread_id else "the whole tenant"
+
+
+@transaction.atomic
+def legal_hold_place(
+    *, tenant: Tenant, reason: str, actor: Actor, thread: Thread | None = None
+) -> LegalHold:
+    """Hold a thread, or every thread of the tenant, until the hold is lifted."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise InvalidRequest("a legal hold needs a reason", field="reason")
+    if thread is not None:
+        thread = Thread.objects.select_for_update().get(pk=thread.pk)
+        if thread.tenant_id != tenant.pk:
+            raise InvalidRequest("the thread belongs to another tenant", field="thread")
+        if thread.deleted_at is not None:
+            raise StateConflict(
+                f"thread {thread.thread_id} is already deleted; there is nothing "
+                "left to hold",
+                code="thread_deleted",
+            )
+        Thread.objects.filter(pk=thread.pk).update(legal_hold=True)
+        thread.legal_hold = True
+    hold = LegalHold.objects.create(
+        tenant=tenant,
+        thread=thread,
+        reason=reason,
+        placed_by_type=actor.type,
+        placed_by_id=str(actor.id)[:64],
+        placed_by=actor.label[:200],
+    )
+    record(
+        tenant=tenant,
+        kind=events.LEGAL_HOLD_PLACED,
+        actor=actor,
+        thread_id=thread.thread_id if thread else "",
+        data={
+            "hold_id": hold.pk,
+            "target": _hold_target(hold),
+            "scope": "thread" if thread else "tenant",
+            # A person's free text stays out of the trail; the hold keeps it.
+            "with_reason": True,
+        },
+    )
+    return hold
+
+
+@transaction.atomic
+def legal_hold_lift(*, hold: LegalHold, actor: Actor, reason: str = "") -> LegalHold:
+    """Lift a hold; the data it covered is subject to retention again, and
+    deletion requests waiting on it go ahead at the next sweep."""
+    hold = (
+        LegalHold.objects.select_for_update(of=("self",))
+        .select_related("thread", "tenant")
+        .get(pk=hold.pk)
+    )
+    if hold.lifted_at is not None:
+        raise StateConflict("this legal hold is already lifted", code="hold_lifted")
+    hold.lifted_at = timezone.now()
+    hold.lifted_by = actor.label[:200]
+    hold.lift_reason = (reason or "").strip()
+    hold.save(update_fields=["lifted_at", "lifted_by", "lift_reason"])
+    if hold.thread_id:
+        still_held = (
+            LegalHold.objects.active().filter(thread_id=hold.thread_id).exists()
+        )
+        Thread.objects.filter(pk=hold.thread_id).update(legal_hold=still_held)
+    record(
+        tenant=hold.tenant,
+        kind=events.LEGAL_HOLD_LIFTED,
+        actor=actor,
+        thread_id=hold.thread.thread_id if hold.thread_id else "",
+        data={
+            "hold_id": hold.pk,
+            "target": _hold_target(hold),
+            "scope": "thread" if hold.thread_id else "tenant",
+        },
+    )
+    if _has_waiting_requests(hold.tenant_id):
+        transaction.on_commit(_schedule_deletions)
+    return hold
+
+
+def _has_waiting_requests(tenant_id: int) -> bool:
+    return DeletionRequest.objects.filter(
+        tenant_id=tenant_id, status=DeletionRequest.Status.ON_HOLD
+    ).exists()
+
+
+# --- removing threads ------------------------------------------------------------
+
+
+def _model(label: str):
+    try:
+        return apps.get_model(label)
+    except LookupError:
+        return None
+
+
+def _count_by(queryset, path: str) -> Counter:
+    return Counter(
+        dict(
+            queryset.values(path)
+            .annotate(rows=Count("pk"))
+            .values_list(path, "rows")
+            .order_by()
+        )
+    )
+
+
+def _delete_by_thread(model, thread_pks: Sequence[int]) -> Counter:
+    """Delete the threads' rows of a checkpoint table; rows per thread."""
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(model._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH gone AS (DELETE FROM {table} WHERE thread_id = ANY(%s) "
+                "RETURNING thread_id) SELECT thread_id, count(*) FROM gone "
+                "GROUP BY thread_id",
+                [list(thread_pks)],
+            )
+            return Counter(dict(cursor.fetchall()))
+    rows = model.objects.filter(thread_id__in=thread_pks)
+    counts = _count_by(rows, "thread_id")
+    rows.delete()
+    return counts
+
+
+def _clear_content(thread_pks: Sequence[int]) -> dict[str, Counter]:
+    cleared: dict[str, Counter] = {}
+    for label, path, fields, empty, name in THREAD_CONTENT:
+        model = _model(label)
+        if model is None:
+            continue
+        has_content = Q()
+        for field_name in fields:
+            has_content |= (
+                ~Q(**{field_name: empty})
+                if empty is not None
+                else Q(**{f"{field_name}__isnull": False})
+            )
+        rows = model.objects.filter(**{f"{path}__in": thread_pks}).filter(has_content)
+        cleared[name] = _count_by(rows, path)
+        if cleared[name]:
+            model.objects.filter(pk__in=list(rows.values_list("pk", flat=True))).update(
+                **dict.fromkeys(fields, empty)
+            )
+    for label, path, name in THREAD_CONTENT_ROWS:
+        model = _model(label)
+        if model is None:
+            continue
+        rows = model.objects.filter(**{f"{path}__in": thread_pks})
+        cleared[name] = _count_by(rows, path)
+        if cleared[name]:
+            rows.delete()
+    return cleared
+
+
+def _shred(thread_pks: Sequence[int]) -> None:
+    """Destroy the threads' data keys: `runs.crypto.shred_thread` for a batch.
+
+    The callers hold the threads' rows FOR UPDATE and have checked the legal
+    holds under that lock, which is what shred_thread does for one thread.
+    """
+    Thread.objects.filter(pk__in=thread_pks, wrapped_data_key__isnull=False).update(
+        wrapped_data_key=None, data_key_id=""
+    )
+
+    def forget() -> None:
+        for pk in thread_pks:
+            crypto.forget_data_key(pk)
+
+    transaction.on_commit(forget)
+    forget()
+
+
+def _busy_with_a_reviewer(thread_pks: Sequence[int]) -> tuple[set[int], list]:
+    """Lock the threads' pending approvals (SKIP LOCKED); the threads one of
+    whose approvals is locked by someone else, and the approvals locked."""
+    pending = ApprovalRequest.objects.filter(
+        thread_id__in=thread_pks, status=ApprovalRequest.Status.PENDING
+    )
+    locked = list(
+        pending.select_related("tenant", "thread")
+        .select_for_update(skip_locked=True, of=("self",))
+        .order_by("pk")
+    )
+    locked_pks = {approval.pk for approval in locked}
+    busy = {
+        thread_pk
+        for pk, thread_pk in pending.values_list("pk", "thread_id")
+        if pk not in locked_pks
+    }
+    return busy, [approval for approval in locked if approval.thread_id not in busy]
+
+
+def threads_close(
+    *, threads: Sequence[Thread], actor: Actor, reason: str
+) -> tuple[list[Thread], list[Thread]]:
+    """Shred the threads now and make them tombstones: the first step of a
+    deletion. Runs are cancelled and open approvals closed. Call with the
+    threads locked; returns (closed, busy) where busy ones were left alone."""
+    pks = [thread.pk for thread in threads]
+    busy, approvals = _busy_with_a_reviewer(pks)
+    closed = [thread for thread in threads if thread.pk not in busy]
+    for approval in approvals:
+        approval_close(approval=approval, reason=reason, actor=actor)
+    active = set(
+        Run.objects.filter(
+            thread_id__in=[t.pk for t in closed], status__in=Run.ACTIVE
+        ).values_list("thread_id", flat=True)
+    )
+    for thread in closed:
+        if thread.pk in active:
+            run_cancel_active(thread=thread, actor=actor, reason=reason)
+    closed_pks = [thread.pk for thread in closed]
+    _shred(closed_pks)
+    now = timezone.now()
+    Thread.objects.filter(pk__in=closed_pks, deleted_at__isnull=True).update(
+        deleted_at=now
+    )
+    for thread in closed:
+        thread.deleted_at = thread.deleted_at or now
+        thread.wrapped_data_key = None
+    return closed, [thread for thread in threads if thread.pk in busy]
+
+
+def threads_remove(
+    *,
+    threads: Sequence[Thread],
+    requested_by: Actor,
+    reason: str,
+    deletion_request: DeletionRequest | None = None,
+) -> tuple[dict[int, dict[str, int]], list[Thread]]:
+    """Remove the threads' content for good and leave their tombstones.
+
+    Call in a transaction with the threads locked FOR UPDATE and their legal
+    holds checked. Returns ({thread pk: rows removed by kind}, busy threads
+    left for the next sweep). Keys are destroyed before any row goes.
+    """
+    threads, busy = threads_close(threads=threads, actor=RETENTION, reason=reason)
+    pks = [thread.pk for thread in threads]
+    if not pks:
+        return {}, busy
+    removed: dict[int, Counter] = defaultdict(Counter)
+    for model, name in (
+        (PendingWrite, "pending_writes"),
+        (ChannelBlob, "channel_blobs"),
+        (Checkpoint, "checkpoints"),
+    ):
+        for pk, rows in _delete_by_thread(model, pks).items():
+            removed[pk][name] += rows
+    for name, counts in _clear_content(pks).items():
+        for pk, rows in counts.items():
+            removed[pk][name] += rows
+    Thread.objects.filter(pk__in=pks).update(metadata={}, subject_hash="")
+    now = timezone.now()
+    ThreadRemoval.objects.bulk_create(
+        [
+            ThreadRemoval(
+                thread=thread,
+                tenant_id=thread.tenant_id,
+                deletion_request=deletion_request,
+                reason=reason[:100],
+                removed_at=now,
+                removed=dict(removed[thread.pk]),
+            )
+            for thread in threads
+        ]
+    )
+    for thread in threads:
+        thread_tombstone_record(
+            tenant=thread.tenant,
+            thread_id=thread.thread_id,
+            actor=RETENTION,
+            requested_by=requested_by,
+            deletion_request_id=str(deletion_request.pk) if deletion_request else "",
+            requested_at=deletion_request.created_at if deletion_request else None,
+            removed=removed[thread.pk],
+        )
+    return {pk: dict(removed[pk]) for pk in pks}, busy
+
+
+# --- pruning -------------------------------------------------------------------------
+
+
+def checkpoints_prune(
+    *, threads: Sequence[Thread], keep: int
+) -> dict[int, dict[str, int]]:
+    """Keep the latest `keep` checkpoints of each thread (and namespace).
+
+    The latest checkpoint, with its pending writes (interrupts, resume values,
+    completed tasks) and the blobs it uses, always stays, so an interrupted
+    thread resumes exactly as before. Call with the threads locked, none with
+    a queued or running run and none using DeltaChannels (whose history is
+    the value). Returns {thread pk: rows removed by kind}.
+    """
+    if keep < 1:
+        raise ValueError("keep at least the latest checkpoint")
+    pks = [thread.pk for thread in threads]
+    doomed: dict[tuple[int, str], list[str]] = defaultdict(list)
+    checkpoint_pks: list[int] = []
+    for pk, thread_pk, ns, checkpoint_id in (
+        Checkpoint.objects.filter(thread_id__in=pks)
+        .annotate(
+            rank=Window(
+                RowNumber(),
+                partition_by=[F("thread_id"), F("checkpoint_ns")],
+                order_by=F("checkpoint_id").desc(),
+            )
+        )
+        .filter(rank__gt=keep)
+        .values_list("pk", "thread_id", "checkpoint_ns", "checkpoint_id")
+    ):
+        doomed[(thread_pk, ns)].append(checkpoint_id)
+        checkpoint_pks.append(pk)
+    removed: dict[int, Counter] = defaultdict(Counter)
+    for (thread_pk, ns), ids in doomed.items():
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            removed[thread_pk]["pending_writes"] += PendingWrite.objects.filter(
+                thread_id=thread_pk, checkpoint_ns=ns, checkpoint_id__in=chunk
+            ).delete()[0]
+            # A parent that is gone is no parent: history ends at the kept ones.
+            Checkpoint.objects.filter(
+                thread_id=thread_pk, checkpoint_ns=ns, parent_checkpoint_id__in=chunk
+            ).update(parent_checkpoint_id="")
+        removed[thread_pk]["checkpoints"] += len(ids)
+    for start in range(0, len(checkpoint_pks), _CHUNK):
+        Checkpoint.objects.filter(
+            pk__in=checkpoint_pks[start : start + _CHUNK]
+        ).delete()
+    for thread_pk, ns in doomed:
+        removed[thread_pk]["channel_blobs"] += _collect_blobs(thread_pk, ns)
+    return {pk: dict(counts) for pk, counts in removed.items()}
+
+
+def _collect_blobs(thread_pk: int, ns: str) -> int:
+    """Delete the namespace's blobs that no remaining checkpoint uses."""
+    used: set[tuple[str, str]] = set()
+    for versions in Checkpoint.objects.filter(
+        thread_id=thread_pk, checkpoint_ns=ns
+    ).values_list("blob_versions", flat=True):
+        used.update(versions.items())
+    garbage = [
+        pk
+        for pk, channel, version in ChannelBlob.objects.filter(
+            thread_id=thread_pk, checkpoint_ns=ns
+        ).values_list("pk", "channel", "version")
+        if (channel, version) not in used
+    ]
+    for start in range(0, len(garbage), _CHUNK):
+        ChannelBlob.objects.filter(pk__in=garbage[start : start + _CHUNK]).delete()
+    return len(garbage)
+
+
+# --- deletion requests ------------------------------------------------------------
+
+
+def _lock_for_deletion(thread_pks: Iterable[int]) -> list[Thread]:
+    """Pending approvals, then threads: approval_decide's lock order."""
+    thread_pks = sorted(thread_pks)
+    list(
+        ApprovalRequest.objects.filter(
+            thread_id__in=thread_pks, status=ApprovalRequest.Status.PENDING
+        )
+        .select_for_update(of=("self",))
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    return list(
+        Thread.objects.select_related("tenant")
+        .select_for_update(of=("self",))
+        .filter(pk__in=thread_pks)
+        .order_by("pk")
+    )
+
+
+def _requester(actor: Actor) -> dict[str, str]:
+    return {
+        "requested_by_type": actor.type,
+        "requested_by_id": str(actor.id)[:64],
+        "requested_by": actor.label[:200],
+    }
+
+
+def _accept(
+    *,
+    request: DeletionRequest,
+    threads: list[Thread],
+    actor: Actor,
+    target: str,
+) -> DeletionRequest:
+    """Shred what may be shredded now; the rest waits for its hold."""
+    tenant_held = tenant_on_hold(request.tenant_id)
+    held = [t for t in threads if tenant_held or t.legal_hold]
+    free = [t for t in threads if not (tenant_held or t.legal_hold)]
+    # Called with pending approvals locked first, so nothing is busy here.
+    threads_close(threads=free, actor=actor, reason="thread deleted on request")
+    request.status = (
+        DeletionRequest.Status.ON_HOLD if held else DeletionRequest.Status.SHREDDED
+    )
+    request.record = {
+        "threads_found": len(threads),
+        "threads_shredded": len(free),
+        "threads_on_hold": len(held),
+    }
+    request.save(update_fields=["status", "record", "updated_at"])
+    record(
+        tenant=request.tenant,
+        kind=events.DELETION_REQUESTED,
+        actor=actor,
+        thread_id=request.thread_ref,
+        action="delete",
+        data={
+            "deletion_request": str(request.pk),
+            "target": target,
+            "kind": request.kind,
+            "threads": len(threads),
+            "status": request.status,
+        },
+    )
+    transaction.on_commit(lambda: _schedule_carry_out(request.pk))
+    return request
+
+
+@transaction.atomic
+def thread_deletion_request(*, thread: Thread, actor: Actor) -> DeletionRequest:
+    """Accept a request to delete a thread: its key is destroyed now, its rows
+    removed by the next sweep. A thread under legal hold waits (`on_hold`)."""
+    (thread,) = _lock_for_deletion([thread.pk])
+    if thread.deleted_at is not None:
+        raise StateConflict(
+            f"thread {thread.thread_id} is already deleted", code="thread_deleted"
+        )
+    request = DeletionRequest.objects.create(
+        tenant=thread.tenant,
+        kind=DeletionRequest.Kind.THREAD,
+        thread=thread,
+        thread_ref=thread.thread_id,
+        status=DeletionRequest.Status.SHREDDED,
+        **_requester(actor),
+    )
+    return _accept(
+        request=request,
+        threads=[thread],
+        actor=actor,
+        target=f"thread {thread.thread_id}",
+    )
+
+
+@transaction.atomic
+def subject_deletion_request(
+    *, tenant: Tenant, subject: str, actor: Actor
+) -> DeletionRequest:
+    """Accept a request to delete every thread of a data subject.
+
+    Threads are found by the subject's blind index (`Thread.subject_hash`);
+    the subject itself is not stored. Their keys are destroyed now (held
+    threads excepted), their rows removed by the next sweeps.
+    """
+    if not isinstance(subject, str) or not subject.strip():
+        raise InvalidRequest("subject must be a non-empty string", field="subject")
+    digest = subject_hash(subject)
+    request = DeletionRequest.objects.create(
+        tenant=tenant,
+        kind=DeletionRequest.Kind.SUBJECT,
+        subject_hash=digest,
+        status=DeletionRequest.Status.SHREDDED,
+        **_requester(actor),
+    )
+    pks = (
+        Thread.objects.for_tenant(tenant)
+        .filter(subject_hash=digest)
+        .values_list("pk", flat=True)
+    )
+    threads = _lock_for_deletion(list(pks))
+    return _accept(
+        request=request, threads=threads, actor=actor, target="a data subject"
+    )
+
+
+def request_threads(request: DeletionRequest):
+    """The request's threads that have not been removed yet."""
+    not_removed = ~Exists(ThreadRemoval.objects.filter(thread_id=OuterRef("pk")))
+    if request.kind == DeletionRequest.Kind.SUBJECT:
+        threads = Thread.objects.filter(
+            tenant_id=request.tenant_id,
+            subject_hash=request.subject_hash,
+            created_at__lte=request.created_at,
+        )
+    else:
+        threads = Thread.objects.filter(pk=request.thread_id)
+    return threads.filter(not_removed)
+
+
+@dataclass(frozen=True)
+class CarryOutStep:
+    request: DeletionRequest
+    removed: dict[int, dict[str, int]]  # thread pk -> rows removed by kind
+    busy: int  # threads left for the next sweep (a reviewer had them locked)
+
+
+def deletion_carry_out(
+    *, request: DeletionRequest, batch_size: int = 100
+) -> CarryOutStep | None:
+    """One step of a request: remove up to `batch_size` of its threads.
+
+    One transaction; the request row is locked SKIP LOCKED, so a second sweep
+    passes it by (None). Held threads wait; when only they remain the request
+    is `on_hold`; when none remain it is `completed`, with its record.
+    """
+    with transaction.atomic():
+        request = (
+            DeletionRequest.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("tenant")
+            .filter(pk=request.pk, status__in=DeletionRequest.OPEN)
+            .first()
+        )
+        if request is None:
+            return None
+        tenant_held = tenant_on_hold(request.tenant_id)
+        remaining = request_threads(request)
+        if tenant_held:
+            candidates = []
+        else:
+            candidates = list(
+                remaining.filter(legal_hold=False)
+                .select_related("tenant")
+                .select_for_update(skip_locked=True, of=("self",))
+                .order_by("pk")[:batch_size]
+            )
+        requester = Actor(
+            type=request.requested_by_type,
+            id=request.requested_by_id,
+            label=request.requested_by,
+        )
+        removed, busy = threads_remove(
+            threads=candidates,
+            requested_by=requester,
+            reason="deletion request",
+            deletion_request=request,
+        )
+        totals = Counter(request.record.get("removed", {}))
+        for counts in removed.values():
+            totals.update(counts)
+        by_pk = {thread.pk: thread for thread in candidates}
+        threads_done = list(request.record.get("threads", []))
+        threads_done += [by_pk[pk].thread_id for pk in removed]
+        left = remaining.exclude(pk__in=list(removed)).values_list(
+            "legal_hold", flat=True
+        )
+        held_left = sum(1 for held in left if held or tenant_held)
+        request.record = {
+            **request.record,
+            "removed": dict(totals),
+            "threads_removed": len(threads_done),
+            "threads": threads_done[-100:],
+            "threads_on_hold": held_left,
+        }
+        if not left:
+            request.status = DeletionRequest.Status.COMPLETED
+            request.completed_at = timezone.now()
+        elif held_left == len(left):
+            request.status = DeletionRequest.Status.ON_HOLD
+        else:
+            request.status = DeletionRequest.Status.SHREDDED
+        request.save(update_fields=["status", "record", "completed_at", "updated_at"])
+        if request.status == DeletionRequest.Status.COMPLETED:
+            record(
+                tenant=request.tenant,
+                kind=events.DELETION_COMPLETED,
+                actor=RETENTION,
+                thread_id=request.thread_ref,
+                action="delete",
+                data={
+                    "deletion_request": str(request.pk),
+                    "threads": len(threads_done),
+                    **{f"removed_{name}": rows for name, rows in totals.items()},
+                },
+            )
+        return CarryOutStep(request=request, removed=removed, busy=len(busy))
+
+
+def _schedule_carry_out(request_pk) -> None:
+    from retention.tasks import carry_out_deletion
+
+    carry_out_deletion.delay(str(request_pk))
+
+
+def _schedule_deletions() -> None:
+    from retention.tasks import carry_out_deletions
+
+    carry_out_deletions.delay()

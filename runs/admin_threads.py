@@ -1,0 +1,262 @@
+"""Threads and runs in the admin: read-only, tenant-scoped.
+
+A thread's page shows its status, agent and version, pending approvals and a
+timeline of its checkpoints and runs, all structure; the decrypted state of a
+checkpoint is shown only on request, to roles allowed to read content, and
+every such read is an audit event (`runs.services.thread_state`).
+
+`runs` does not import `approvals`: pending approvals are reached through the
+reverse relation `approval_requests` that approvals declares, and linked by
+URL name.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, IntegerField, OuterRef, Subquery
+from django.http import Http404, HttpResponseNotAllowed
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+
+from audit.services import Actor
+from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, has_role
+from runs.crypto import ThreadDeleted
+from runs.errors import InvalidRequest, VersionSkew
+from runs.models import Checkpoint, Role, Run, Thread
+from runs.selectors import state_body
+from runs.services import thread_state
+
+THREAD_TEMPLATE = "admin/runs/thread/detail.html"
+VIEW_ROLES = {
+    Role.REVIEWER,
+    Role.COMPLIANCE_OFFICER,
+    Role.AUDITOR,
+    Role.TENANT_ADMIN,
+}
+# Roles that may read a thread's decrypted content; tenant admins manage the
+# tenant, they do not read its customers' conversations.
+STATE_ROLES = {Role.REVIEWER, Role.COMPLIANCE_OFFICER, Role.AUDITOR}
+TIMELINE_ENTRIES = 200
+
+
+class ReadOnlyScopedAdmin(TenantScopedAdmin):
+    view_roles = VIEW_ROLES
+    manage_roles: set[str] = set()
+    actions = None
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+def _pending_approvals_count():
+    approvals = Thread._meta.get_field("approval_requests").related_model
+    return Subquery(
+        approvals.objects.filter(thread=OuterRef("pk"), status="pending")
+        .order_by()
+        .values("thread")
+        .annotate(count=Count("pk"))
+        .values("count"),
+        output_field=IntegerField(),
+    )
+
+
+def _approval_url(approval_pk) -> str:
+    try:
+        return reverse("admin:approvals_approvalrequest_change", args=[approval_pk])
+    except NoReverseMatch:
+        return ""
+
+
+@admin.register(Thread)
+class ThreadAdmin(ReadOnlyScopedAdmin):
+    list_display = [
+        "thread_id",
+        "tenant",
+        "agent_name",
+        "agent_version",
+        "status",
+        "pending_approvals",
+        "updated_at",
+        "created_at",
+    ]
+    list_filter = [
+        "status",
+        ScopedTenantFilter,
+        ("deleted_at", admin.EmptyFieldListFilter),
+    ]
+    search_fields = ["=thread_id"]
+    search_help_text = "An exact thread id."
+    list_select_related = ["tenant"]
+    ordering = ["-updated_at"]
+    show_full_result_count = False
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(pending_count=_pending_approvals_count())
+        )
+
+    @admin.display(description="pending approvals", ordering="pending_count")
+    def pending_approvals(self, obj):
+        return obj.pending_count or 0
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET"])
+        thread = self.get_object(request, object_id)
+        if thread is None:
+            raise Http404("no such thread")
+        if not self.has_view_permission(request, thread):
+            raise PermissionDenied
+        can_read_state = has_role(request.user, STATE_ROLES, thread.tenant_id)
+        chosen = request.GET.get("checkpoint", "")
+        state, state_error = None, ""
+        if chosen:
+            if not can_read_state:
+                raise PermissionDenied
+            state, state_error = self._state(request, thread, chosen)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Thread {thread.thread_id}",
+            "thread": thread,
+            "pending": self._pending(thread),
+            "timeline": self._timeline(thread),
+            "can_read_state": can_read_state,
+            "chosen": chosen,
+            "state": state,
+            "state_error": state_error,
+        }
+        return TemplateResponse(request, THREAD_TEMPLATE, context)
+
+    @staticmethod
+    def _state(request, thread, checkpoint_id):
+        checkpoint_id = "" if checkpoint_id == "latest" else checkpoint_id
+        try:
+            snapshot = thread_state(
+                thread=thread,
+                actor=Actor.user(request.user),
+                checkpoint_id=checkpoint_id or None,
+            )
+        except ThreadDeleted:
+            return None, "The thread was deleted: its content is gone."
+        except (InvalidRequest, VersionSkew) as exc:
+            detail = exc.detail
+            if isinstance(detail, dict):
+                detail = " ".join(str(m) for ms in detail.values() for m in ms)
+            return None, str(detail)
+        if snapshot is None:
+            return None, "The thread has no checkpoint yet."
+        body = state_body(snapshot)
+        body["created_at"] = str(body["created_at"])
+        return json.dumps(body, indent=2, ensure_ascii=False, default=str), ""
+
+    @staticmethod
+    def _pending(thread):
+        rows = thread.approval_requests.filter(status="pending").order_by("due_at")
+        return [
+            {
+                "action": row.action,
+                "risk": row.risk,
+                "due_at": row.due_at,
+                "url": _approval_url(row.pk),
+            }
+            for row in rows
+        ]
+
+    @staticmethod
+    def _timeline(thread):
+        checkpoints = (
+            Checkpoint.objects.filter(thread=thread, checkpoint_ns="")
+            .order_by("-created_at")
+            .values("checkpoint_id", "step", "source", "run_id", "created_at")[
+                :TIMELINE_ENTRIES
+            ]
+        )
+        runs = (
+            Run.objects.filter(thread=thread)
+            .order_by("-created_at")
+            .only(
+                "id",
+                "kind",
+                "status",
+                "attempts",
+                "error_type",
+                "created_at",
+                "started_at",
+                "ended_at",
+            )[:TIMELINE_ENTRIES]
+        )
+        entries = [
+            {"type": "checkpoint", "at": c["created_at"], **c} for c in checkpoints
+        ]
+        entries += [
+            {
+                "type": "run",
+                "at": run.created_at,
+                "run": run,
+                "url": reverse("admin:runs_run_change", args=[run.pk]),
+            }
+            for run in runs
+        ]
+        entries.sort(key=lambda entry: entry["at"], reverse=True)
+        return entries[:TIMELINE_ENTRIES]
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyScopedAdmin):
+    list_display = [
+        "id",
+        "thread_link",
+        "tenant",
+        "kind",
+        "status",
+        "agent_version",
+        "attempts",
+        "created_at",
+        "started_at",
+        "ended_at",
+        "error_type",
+    ]
+    list_filter = ["status", "kind", ScopedTenantFilter]
+    search_fields = ["=thread__thread_id"]
+    search_help_text = "An exact thread id."
+    list_select_related = ["tenant", "thread"]
+    ordering = ["-created_at"]
+    show_full_result_count = False
+    fields = [
+        "id",
+        "thread_link",
+        "tenant",
+        "kind",
+        "status",
+        "agent_version",
+        "checkpoint_id",
+        "requested_by",
+        "attempts",
+        "lease_owner",
+        "lease_until",
+        "heartbeat_at",
+        "error_type",
+        "next_nodes",
+        "created_at",
+        "started_at",
+        "ended_at",
+    ]
+    readonly_fields = fields
+
+    @admin.display(description="thread", ordering="thread__thread_id")
+    def thread_link(self, obj):
+        url = reverse("admin:runs_thread_change", args=[obj.thread_id])
+        return format_html('<a href="{}">{}</a>', url, obj.thread.thread_id)

@@ -1,0 +1,47 @@
+"""Compiling a thread's agent with the Gatehouse saver, and version checks."""
+
+from __future__ import annotations
+
+from langgraph.graph.state import CompiledStateGraph
+
+from runs import registry
+from runs.checkpointer import DjangoSaver
+from runs.errors import VersionSkew
+from runs.models import Thread
+
+
+def spec_for(thread: Thread, version: str | None = None) -> registry.AgentSpec:
+    """The thread's pinned agent version, or VersionSkew when it is gone."""
+    version = version or thread.agent_version
+    try:
+        return registry.get(thread.agent_name, version)
+    except registry.UnknownAgent:
+        raise VersionSkew(
+            f"thread {thread.thread_id} is pinned to agent "
+            f"{thread.agent_name}@{version}, which is no longer registered; "
+            "register that version again to continue it, or fork the thread"
+        ) from None
+
+
+def compile_for(thread: Thread, version: str | None = None) -> CompiledStateGraph:
+    spec = spec_for(thread, version)
+    return spec.build_graph().compile(checkpointer=DjangoSaver(tenant=thread.tenant))
+
+
+def thread_config(thread: Thread, checkpoint_id: str | None = None) -> dict:
+    configurable = {"thread_id": thread.thread_id, "checkpoint_ns": ""}
+    if checkpoint_id:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+def ensure_nodes_exist(
+    graph: CompiledStateGraph, nodes: list[str], *, key: str
+) -> None:
+    """Refuse to continue at a node the graph no longer has."""
+    missing = [node for node in nodes if node not in graph.nodes]
+    if missing:
+        raise VersionSkew(
+            f"the thread waits at node {missing[0]!r}, which agent {key} does not "
+            "have; keep the version that has it registered, or fork the thread"
+        )

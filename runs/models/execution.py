@@ -1,0 +1,90 @@
+"""Runs: one execution of an agent on a thread, and the lease that guards it."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from runs.models.tenancy import Tenant, TenantOwnedQuerySet
+from runs.models.threads import Thread
+
+
+class Run(models.Model):
+    """A queued, running or finished execution of a thread's agent.
+
+    `input` (start and replay runs) and `resume` (resume runs) are ciphertext
+    from the thread's cipher, bound to this run's id. A running run holds a
+    lease (`lease_owner`, `lease_until`) that its worker renews; a run whose
+    lease ran out is taken over and continues from its last checkpoint.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        INTERRUPTED = "interrupted", "Interrupted"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    class Kind(models.TextChoices):
+        START = "start", "Start"
+        RESUME = "resume", "Resume"
+        REPLAY = "replay", "Replay"
+
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="runs")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.QUEUED
+    )
+    # The agent version this run executes; the thread's pinned version.
+    agent_version = models.CharField(max_length=50)
+    # Time travel: continue from this checkpoint instead of the latest.
+    checkpoint_id = models.CharField(max_length=64, blank=True)
+    input = models.BinaryField(null=True, editable=False)
+    resume = models.BinaryField(null=True, editable=False)
+    # Who asked for the run, for the audit trail (a label, not personal data).
+    requested_by = models.CharField(max_length=200, blank=True)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    # Encrypted: an agent's exception text may quote what it was processing.
+    error = models.BinaryField(null=True, editable=False)
+    error_type = models.CharField(max_length=200, blank=True)
+    # The graph nodes the run stopped before (structure, not content): a
+    # resume under a graph that lacks one of them is refused as version skew.
+    next_nodes = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["thread", "created_at"], name="run_thread_created"),
+            # The recovery sweep: running runs by lease expiry.
+            models.Index(
+                fields=["lease_until"],
+                condition=Q(status="running"),
+                name="run_running_lease",
+            ),
+            models.Index(
+                fields=["created_at"], condition=Q(status="queued"), name="run_queued"
+            ),
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} run {self.id} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE

@@ -1,0 +1,82 @@
+"""The side-effect ledger and the demo agent's downstream systems."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+from runs.models.tenancy import Tenant, TenantOwnedQuerySet
+from runs.models.threads import Thread
+
+
+class ToolCall(models.Model):
+    """One side effect, recorded before it is attempted and after it succeeded.
+
+    A row left `started` is the crash window made visible: the call may or may
+    not have reached the downstream system, which is why the call carries an
+    idempotency key that the downstream system deduplicates on.
+    """
+
+    class Status(models.TextChoices):
+        STARTED = "started", "Started"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    thread = models.ForeignKey(
+        Thread, on_delete=models.CASCADE, related_name="tool_calls"
+    )
+    idempotency_key = models.CharField(max_length=64)
+    tool = models.CharField(max_length=100)
+    args_digest = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    attempts = models.PositiveIntegerField(default=1)
+    result = models.BinaryField(null=True, editable=False)
+    error_type = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["thread", "idempotency_key"], name="toolcall_thread_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} [{self.idempotency_key[:12]}] {self.status}"
+
+
+class DemoPayment(models.Model):
+    """The demo payments provider's ledger: one payment per idempotency key,
+    as a real payment API deduplicates on its Idempotency-Key header."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    order_id = models.CharField(max_length=100)
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    currency = models.CharField(max_length=3, default="EUR")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"refund {self.amount} {self.currency} on {self.order_id}"
+
+
+class DemoOutboxMessage(models.Model):
+    """The demo customer-notification outbox; the body is thread ciphertext."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+")
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    kind = models.CharField(max_length=32)
+    body = models.BinaryField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"{self.kind} message [{self.idempotency_key[:12]}]"

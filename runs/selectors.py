@@ -1,0 +1,108 @@
+"""Reads of threads and runs that are more than a line."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from django.db.models import Count
+
+from runs.graphs import compile_for, thread_config
+from runs.models import Tenant, Thread
+
+IN_FLIGHT = (Thread.Status.RUNNING, Thread.Status.INTERRUPTED)
+
+
+def jsonable(value: Any) -> Any:
+    """State values as JSON: messages and models as their fields."""
+    if isinstance(value, Mapping):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(item) for item in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, decimal.Decimal | uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime.datetime | datetime.date):
+        return value.isoformat()
+    if hasattr(value, "model_dump"):
+        return jsonable(value.model_dump())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    return str(value)
+
+
+def interrupts_of(snapshot) -> list[dict[str, Any]]:
+    return [
+        {"id": item.id, "value": jsonable(item.value)} for item in snapshot.interrupts
+    ]
+
+
+def thread_interrupts(thread: Thread) -> list[dict[str, Any]]:
+    if thread.status != Thread.Status.INTERRUPTED or not thread.agent_version:
+        return []
+    return interrupts_of(compile_for(thread).get_state(thread_config(thread)))
+
+
+def pending_approval_ids(thread: Thread) -> list[uuid.UUID]:
+    # Through the reverse relation that approvals declares: runs does not
+    # import approvals.
+    return list(
+        thread.approval_requests.filter(status="pending")
+        .order_by("created_at")
+        .values_list("id", flat=True)
+    )
+
+
+def state_body(snapshot) -> dict[str, Any]:
+    parent = snapshot.parent_config or {}
+    return {
+        "checkpoint_id": snapshot.config["configurable"]["checkpoint_id"],
+        "parent_checkpoint_id": parent.get("configurable", {}).get("checkpoint_id"),
+        "values": jsonable(snapshot.values),
+        "next": list(snapshot.next),
+        "interrupts": interrupts_of(snapshot),
+        "metadata": jsonable(snapshot.metadata or {}),
+        "created_at": snapshot.created_at,
+    }
+
+
+def thread_history(thread: Thread, *, limit: int, before: str | None) -> list[dict]:
+    if not thread.agent_version:
+        return []
+    graph = compile_for(thread)
+    before_config = thread_config(thread, before) if before else None
+    entries = []
+    for snapshot in graph.get_state_history(
+        thread_config(thread), limit=limit, before=before_config
+    ):
+        parent = snapshot.parent_config or {}
+        metadata = snapshot.metadata or {}
+        entries.append(
+            {
+                "checkpoint_id": snapshot.config["configurable"]["checkpoint_id"],
+                "parent_checkpoint_id": parent.get("configurable", {}).get(
+                    "checkpoint_id"
+                ),
+                "step": metadata.get("step"),
+                "source": metadata.get("source"),
+                "next": list(snapshot.next),
+                "created_at": snapshot.created_at,
+            }
+        )
+    return entries
+
+
+def threads_in_flight(tenant: Tenant) -> dict[tuple[str, str], int]:
+    """(agent, version) -> the tenant's threads running or waiting on an interrupt."""
+    rows = (
+        Thread.objects.for_tenant(tenant)
+        .filter(status__in=IN_FLIGHT)
+        .values("agent_name", "agent_version")
+        .annotate(count=Count("pk"))
+    )
+    return {(row["agent_name"], row["agent_version"]): row["count"] for row in rows}

@@ -1,0 +1,38 @@
+"""The runs app's use cases: every state change, each in one transaction with
+its audit event. Split by subject; import from here."""
+
+from runs.services.runs import (
+    run_cancel_active,
+    run_resume,
+    run_start,
+    runs_recover_stalled,
+)
+from runs.services.tenancy import (
+    IssuedApiKey,
+    api_key_create,
+    api_key_revoke,
+    membership_remove,
+    membership_set,
+    parse_scopes,
+    reviewer_create,
+    tenant_create,
+)
+from runs.services.threads import thread_create, thread_fork, thread_state
+
+__all__ = [
+    "IssuedApiKey",
+    "api_key_create",
+    "api_key_revoke",
+    "membership_remove",
+    "membership_set",
+    "parse_scopes",
+    "reviewer_create",
+    "run_cancel_active",
+    "run_resume",
+    "run_start",
+    "runs_recover_stalled",
+    "tenant_create",
+    "thread_create",
+    "thread_fork",
+    "thread_state",
+]

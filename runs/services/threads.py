@@ -1,0 +1,176 @@
+"""Thread use cases: create, read state (audited), fork."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from langgraph.errors import InvalidUpdateError
+
+from audit import events
+from audit.services import Actor, record
+from runs import registry
+from runs.errors import InvalidRequest, StateConflict
+from runs.graphs import compile_for, thread_config
+from runs.models import Run, Tenant, Thread
+
+THREAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$")
+# Metadata key an agent's client uses to tag the data subject of a thread; it
+# is kept only as a keyed hash (a blind index) for deletion requests.
+SUBJECT_KEY = "subject"
+
+
+def subject_hash(subject: str) -> str:
+    """The blind index of a data subject: HMAC-SHA256 under the secret key."""
+    key = hashlib.sha256(("gatehouse-subject:" + settings.SECRET_KEY).encode()).digest()
+    return hmac.new(key, subject.strip().lower().encode(), hashlib.sha256).hexdigest()
+
+
+def _split_metadata(
+    spec: registry.AgentSpec, metadata: dict[str, Any]
+) -> tuple[dict, str]:
+    allowed = spec.safe_metadata_keys
+    unknown = sorted(set(metadata) - allowed - {SUBJECT_KEY})
+    if unknown:
+        allowed_text = ", ".join(sorted(allowed | {SUBJECT_KEY}))
+        raise InvalidRequest(
+            f"keys {', '.join(unknown)} are not declared safe by agent {spec.name}; "
+            f"metadata is stored in clear and may hold only: {allowed_text}",
+            field="metadata",
+        )
+    subject = metadata.get(SUBJECT_KEY)
+    if subject is not None and (not isinstance(subject, str) or not subject.strip()):
+        raise InvalidRequest("subject must be a non-empty string", field="metadata")
+    clear = {key: value for key, value in metadata.items() if key != SUBJECT_KEY}
+    return clear, subject_hash(subject) if subject else ""
+
+
+@transaction.atomic
+def thread_create(
+    *,
+    tenant: Tenant,
+    agent: str,
+    actor: Actor,
+    thread_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Thread:
+    thread_id = thread_id or uuid.uuid4().hex
+    if not THREAD_ID_RE.match(thread_id):
+        raise InvalidRequest(
+            "use 1 to 255 letters, digits, '.', '_', ':' or '-', starting with a "
+            "letter or digit",
+            field="thread_id",
+        )
+    try:
+        spec = registry.latest(agent)
+    except registry.UnknownAgent:
+        known = sorted({spec.name for spec in registry.agents().values()})
+        raise InvalidRequest(
+            f"no agent {agent!r} is registered; known agents: {', '.join(known)}",
+            field="agent",
+        ) from None
+    clear_metadata, subject = _split_metadata(spec, metadata or {})
+    if Thread.objects.for_tenant(tenant).filter(thread_id=thread_id).exists():
+        raise StateConflict(f"thread {thread_id} already exists", code="thread_exists")
+    thread = Thread.objects.create_with_data_key(
+        tenant=tenant,
+        thread_id=thread_id,
+        agent_name=spec.name,
+        metadata=clear_metadata,
+        subject_hash=subject,
+    )
+    record(
+        tenant=tenant,
+        kind=events.THREAD_CREATED,
+        actor=actor,
+        thread_id=thread_id,
+        data={"agent": spec.name},
+    )
+    return thread
+
+
+def _require_quiet(thread: Thread) -> None:
+    if Run.objects.filter(thread=thread, status__in=Run.ACTIVE).exists():
+        raise StateConflict(
+            f"a run of thread {thread.thread_id} is queued or running",
+            code="run_in_progress",
+        )
+
+
+def _require_checkpoint(graph, thread: Thread, checkpoint_id: str):
+    snapshot = graph.get_state(thread_config(thread, checkpoint_id))
+    if not snapshot.config or snapshot.created_at is None:
+        raise InvalidRequest(
+            f"thread {thread.thread_id} has no checkpoint {checkpoint_id}",
+            field="checkpoint_id",
+        )
+    return snapshot
+
+
+def thread_state(*, thread: Thread, actor: Actor, checkpoint_id: str | None = None):
+    """The thread's state (latest, or at a checkpoint), decrypted; audited."""
+    if not thread.agent_version:
+        return None
+    graph = compile_for(thread)
+    if checkpoint_id:
+        snapshot = _require_checkpoint(graph, thread, checkpoint_id)
+    else:
+        snapshot = graph.get_state(thread_config(thread))
+        if snapshot.created_at is None:
+            return None
+    record(
+        tenant=thread.tenant,
+        kind=events.STATE_READ,
+        actor=actor,
+        thread_id=thread.thread_id,
+        data={"checkpoint_id": snapshot.config["configurable"]["checkpoint_id"]},
+    )
+    return snapshot
+
+
+def thread_fork(
+    *,
+    thread: Thread,
+    checkpoint_id: str,
+    values: dict[str, Any],
+    actor: Actor,
+    as_node: str | None = None,
+) -> str:
+    """A new checkpoint branching from `checkpoint_id` with `values` applied."""
+    with transaction.atomic():
+        thread = Thread.objects.select_for_update().get(pk=thread.pk)
+        _require_quiet(thread)
+        if not thread.agent_version:
+            raise InvalidRequest(
+                "the thread has no checkpoints yet", field="checkpoint_id"
+            )
+        graph = compile_for(thread)
+        _require_checkpoint(graph, thread, checkpoint_id)
+        if as_node is not None and as_node not in graph.nodes:
+            raise InvalidRequest(
+                f"agent {thread.agent_name}@{thread.agent_version} has no node {as_node!r}",
+                field="as_node",
+            )
+        try:
+            new_config = graph.update_state(
+                thread_config(thread, checkpoint_id), values, as_node=as_node
+            )
+        except (InvalidUpdateError, ValueError, KeyError, TypeError) as exc:
+            # LangGraph's own validation of the values against the state schema.
+            raise InvalidRequest(
+                f"cannot fork with these values: {exc}", field="values"
+            ) from None
+        new_id = new_config["configurable"]["checkpoint_id"]
+        record(
+            tenant=thread.tenant,
+            kind=events.THREAD_FORKED,
+            actor=actor,
+            thread_id=thread.thread_id,
+            data={"checkpoint_id": new_id, "parent_checkpoint_id": checkpoint_id},
+        )
+    return new_id

@@ -1,0 +1,14 @@
+"""Signals that `runs` sends so that other apps can react without `runs`
+importing them (see the design's import rules)."""
+
+import django.dispatch
+
+# Sent inside the transaction that marks a run interrupted, with
+# `run` (runs.models.Run) and `interrupts` (a list of langgraph Interrupt).
+# A receiver that finds an interrupt unacceptable raises InterruptRejected:
+# the transaction rolls back and the run fails with the receiver's message.
+run_interrupted = django.dispatch.Signal()
+
+
+class InterruptRejected(Exception):
+    """An interrupt's payload breaks the contract; the message says how."""

@@ -1,0 +1,110 @@
+"""Setup helpers for the audit tests: many events fast, and raw tampering."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable
+
+from django.db import connection, transaction
+
+from audit.models import AuditEvent, AuditSequence
+from runs.models import Tenant
+
+UTC = datetime.UTC
+BASE_TIME = datetime.datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def event_fields(seq: int) -> dict:
+    """The deterministic content of bulk event number `seq`."""
+    return {
+        "actor_type": "agent",
+        "actor_id": "refund",
+        "actor_label": "agent refund",
+        "actor_on_behalf_of": "",
+        "kind": "tenant.created",
+        "thread_id": f"case-{seq % 97}",
+        "run_id": f"run-{seq % 13}",
+        "action": "refund_order" if seq % 2 else "",
+        "summary": f'step {seq} of the refund agent, with a comma, and "quotes"',
+        "data": {"step": seq, "order_id": f"A-{seq}", "amount": "40.00", "ok": True},
+    }
+
+
+def add_events(
+    tenant: Tenant,
+    count: int,
+    *,
+    at: Callable[[int], datetime.datetime] | None = None,
+    fields: Callable[[int], dict] = event_fields,
+) -> range:
+    """Append `count` events after the tenant's last one, with COPY; the seqs.
+
+    The tenant's sequence counter moves on as record() would have moved it.
+    """
+    with transaction.atomic():
+        sequence, _ = AuditSequence.objects.select_for_update().get_or_create(
+            tenant=tenant
+        )
+        first = sequence.last_seq + 1
+        seqs = range(first, first + count)
+        columns = [
+            "tenant_id",
+            "seq",
+            "occurred_at",
+            "actor_type",
+            "actor_id",
+            "actor_label",
+            "actor_on_behalf_of",
+            "kind",
+            "thread_id",
+            "run_id",
+            "action",
+            "summary",
+            "data",
+        ]
+        sql = f"COPY audit_auditevent ({', '.join(columns)}) FROM STDIN"
+        with connection.cursor() as cursor:
+            with cursor.cursor.copy(sql) as copy:
+                for seq in seqs:
+                    values = fields(seq)
+                    when = (
+                        at(seq) if at else BASE_TIME + datetime.timedelta(seconds=seq)
+                    )
+                    copy.write_row(
+                        [
+                            tenant.pk,
+                            seq,
+                            when,
+                            values["actor_type"],
+                            values["actor_id"],
+                            values["actor_label"],
+                            values["actor_on_behalf_of"],
+                            values["kind"],
+                            values["thread_id"],
+                            values["run_id"],
+                            values["action"],
+                            values["summary"],
+                            json.dumps(values["data"]),
+                        ]
+                    )
+        AuditSequence.objects.filter(tenant=tenant).update(last_seq=seqs[-1])
+    return seqs
+
+
+def tamper(sql: str, params: list | None = None) -> None:
+    """Run SQL as a database superuser would, with the audit triggers off."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            cursor.execute(sql, params or [])
+        finally:
+            cursor.execute("SET session_replication_role = DEFAULT")
+
+
+def seqs_of(tenant: Tenant) -> list[int]:
+    return list(
+        AuditEvent.objects.for_tenant(tenant)
+        .order_by("seq")
+        .values_list("seq", flat=True)
+    )

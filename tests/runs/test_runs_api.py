@@ -1,0 +1,241 @@
+"""The runs API without execution: validation, tenancy, versions, deletion."""
+
+import json
+
+import pytest
+
+from approvals.models import ApprovalRequest
+from retention.models import DeletionRequest
+from runs.models import Run, Thread
+from tests.factories import tenant_with_client
+
+pytestmark = pytest.mark.django_db
+
+
+def assert_error(response, status, code):
+    assert response.status_code == status, response.content
+    assert response.json()["code"] == code
+    return response.json()
+
+
+def test_create_thread_with_generated_id():
+    _, client = tenant_with_client()
+    response = client.post("/api/v1/threads", {"agent": "refund"}, format="json")
+    assert response.status_code == 201
+    body = response.json()
+    assert body["agent"] == "refund" and body["status"] == "idle"
+    assert len(body["thread_id"]) == 32
+
+
+def test_create_thread_twice_is_409():
+    _, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
+    )
+    response = client.post(
+        "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
+    )
+    assert_error(response, 409, "thread_exists")
+
+
+def test_unknown_agent_is_400_naming_the_field():
+    _, client = tenant_with_client()
+    body = assert_error(
+        client.post("/api/v1/threads", {"agent": "nope"}, format="json"), 400, "invalid"
+    )
+    assert "agent" in body["fields"]
+
+
+def test_metadata_key_not_declared_safe_is_refused():
+    _, client = tenant_with_client()
+    response = client.post(
+        "/api/v1/threads",
+        {"agent": "refund", "metadata": {"email": "jane@example.com"}},
+        format="json",
+    )
+    body = assert_error(response, 400, "invalid")
+    assert "metadata" in body["fields"]
+
+
+def test_subject_metadata_is_kept_only_as_a_blind_index():
+    _, client = tenant_with_client()
+    response = client.post(
+        "/api/v1/threads",
+        {
+            "thread_id": "t1",
+            "agent": "refund",
+            "metadata": {"order_id": "A-1", "subject": "jane@example.com"},
+        },
+        format="json",
+    )
+    assert response.status_code == 201
+    assert response.json()["metadata"] == {"order_id": "A-1"}
+    thread = Thread.objects.get(thread_id="t1")
+    assert "jane" not in json.dumps(thread.metadata) and len(thread.subject_hash) == 64
+
+
+@pytest.mark.parametrize("bad_id", ["a/b", "", "x" * 256, "-leading"])
+def test_bad_thread_id_is_400(bad_id):
+    _, client = tenant_with_client()
+    response = client.post(
+        "/api/v1/threads", {"thread_id": bad_id, "agent": "refund"}, format="json"
+    )
+    assert_error(response, 400, "invalid")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"input": "text"}, {"input": [1, 2]}, {}, {"input": {}, "checkpoint_id": 5}],
+)
+def test_run_input_must_be_an_object(body):
+    _, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
+    )
+    response = client.post("/api/v1/threads/t1/runs", body, format="json")
+    assert_error(response, 400, "invalid")
+
+
+def test_run_from_unknown_checkpoint_is_400():
+    _, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
+    )
+    response = client.post(
+        "/api/v1/threads/t1/runs", {"input": {}, "checkpoint_id": "nope"}, format="json"
+    )
+    assert_error(response, 400, "invalid")
+
+
+def test_oversized_run_input_is_413(settings):
+    settings.GATEHOUSE_MAX_BODY_BYTES = 2000
+    _, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
+    )
+    response = client.post(
+        "/api/v1/threads/t1/runs", {"input": {"x": "a" * 5000}}, format="json"
+    )
+    assert_error(response, 413, "payload_too_large")
+
+
+def test_malformed_json_on_every_write_endpoint_is_400():
+    _, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
+    )
+    for path in [
+        "/api/v1/threads",
+        "/api/v1/threads/t1/runs",
+        "/api/v1/threads/t1/resume",
+        "/api/v1/threads/t1/fork",
+    ]:
+        response = client.post(path, data="{oops", content_type="application/json")
+        assert_error(response, 400, "parse_error")
+
+
+def test_decision_on_missing_request_is_404():
+    _, client = tenant_with_client()
+    response = client.post(
+        "/api/v1/approvals/00000000-0000-0000-0000-000000000000/decision",
+        {"approved": True},
+        format="json",
+    )
+    assert_error(response, 404, "not_found")
+    assert_error(
+        client.post("/api/v1/approvals/not-a-uuid/decision", {}, format="json"),
+        404,
+        "not_found",
+    )
+
+
+def test_unknown_thread_is_404_everywhere():
+    _, client = tenant_with_client()
+    for method, path in [
+        ("get", "/api/v1/threads/ghost"),
+        ("delete", "/api/v1/threads/ghost"),
+        ("get", "/api/v1/threads/ghost/state"),
+        ("get", "/api/v1/threads/ghost/history"),
+        ("get", "/api/v1/threads/ghost/runs"),
+        ("post", "/api/v1/threads/ghost/runs"),
+        ("post", "/api/v1/threads/ghost/resume"),
+        ("post", "/api/v1/threads/ghost/fork"),
+    ]:
+        response = getattr(client, method)(path, {}, format="json")
+        assert_error(response, 404, "not_found")
+
+
+def test_resume_of_idle_thread_is_409():
+    _, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
+    )
+    response = client.post("/api/v1/threads/t1/resume", {"resume": 1}, format="json")
+    assert_error(response, 409, "thread_not_interrupted")
+
+
+def test_draining_version_refuses_new_threads(settings):
+    settings.GATEHOUSE_AGENTS = "echo@1=tests.agents:echo_graph"
+    settings.GATEHOUSE_DRAINING_AGENTS = ["echo@1"]
+    _, client = tenant_with_client()
+    client.post("/api/v1/threads", {"thread_id": "t1", "agent": "echo"}, format="json")
+    response = client.post(
+        "/api/v1/threads/t1/runs", {"input": {"text": "hi"}}, format="json"
+    )
+    assert_error(response, 409, "agent_draining")
+    agents = client.get("/api/v1/agents").json()
+    assert {"name": "echo", "version": "1", "draining": True}.items() <= next(
+        a for a in agents if a["name"] == "echo"
+    ).items()
+
+
+def test_pinned_version_gone_is_version_skew(settings):
+    tenant, client = tenant_with_client()
+    client.post("/api/v1/threads", {"thread_id": "t1", "agent": "echo"}, format="json")
+    thread = Thread.objects.get(thread_id="t1")
+    Thread.objects.filter(pk=thread.pk).update(agent_version="9")
+    response = client.post(
+        "/api/v1/threads/t1/runs", {"input": {"text": "hi"}}, format="json"
+    )
+    body = assert_error(response, 409, "version_skew")
+    assert "echo@9" in body["message"]
+    assert not Run.objects.filter(thread=thread).exists()
+
+
+def test_delete_thread_answers_202_then_404():
+    _, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
+    )
+    response = client.delete("/api/v1/threads/t1")
+    assert response.status_code == 202
+    deletion = DeletionRequest.objects.get(pk=response.json()["deletion_request"])
+    assert deletion.thread_ref == "t1"
+    assert_error(client.get("/api/v1/threads/t1"), 404, "not_found")
+
+
+def test_another_tenants_thread_is_404_and_untouched():
+    _, client_a = tenant_with_client()
+    _, client_b = tenant_with_client()
+    client_a.post(
+        "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
+    )
+    for method, path in [
+        ("get", "/api/v1/threads/t1"),
+        ("delete", "/api/v1/threads/t1"),
+        ("get", "/api/v1/threads/t1/state"),
+        ("get", "/api/v1/threads/t1/history"),
+        ("get", "/api/v1/threads/t1/runs"),
+        ("post", "/api/v1/threads/t1/runs"),
+        ("post", "/api/v1/threads/t1/resume"),
+        ("post", "/api/v1/threads/t1/fork"),
+    ]:
+        response = getattr(client_b, method)(path, {"input": {}}, format="json")
+        assert_error(response, 404, "not_found")
+    assert client_b.get("/api/v1/threads").json()["results"] == []
+    assert client_a.get("/api/v1/threads/t1").json()["status"] == "idle"
+    assert not DeletionRequest.objects.exists() and not Run.objects.exists()
+
+
+def test_another_tenants_approval_is_404():
+    assert not ApprovalRequest.objects.exists()
