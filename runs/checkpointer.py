@@ -321,6 +321,16 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone.serde = serde
         return clone
 
+    def for_tenant(self, tenant: Tenant) -> DjangoSaver:
+        """This saver, with its serializer and allow-list, bound to another tenant
+        (how a compiled graph is reused across runs: see runs.graphs)."""
+        if tenant is None or tenant.pk is None:
+            raise ValueError("DjangoSaver needs a saved tenant")
+        clone = copy.copy(self)
+        clone.tenant = tenant
+        clone._written_threads = {}
+        return clone
+
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         # PostgresSaver's scheme: a counter, then a random tie-breaker.
         if current is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from langgraph.graph.state import CompiledStateGraph
 
 from runs import registry
@@ -23,9 +25,32 @@ def spec_for(thread: Thread, version: str | None = None) -> registry.AgentSpec:
         ) from None
 
 
+# Building and compiling a graph costs tens of milliseconds, more than the rest
+# of a resume; a compiled graph is immutable, so each process compiles an agent
+# version once and binds a copy to each run's tenant.
+_compiled: dict[registry.AgentSpec, CompiledStateGraph] = {}
+_compiled_lock = threading.Lock()
+
+
+def _template(spec: registry.AgentSpec, tenant) -> CompiledStateGraph:
+    with _compiled_lock:
+        graph = _compiled.get(spec)
+        if graph is None:
+            graph = spec.build_graph().compile(checkpointer=DjangoSaver(tenant=tenant))
+            _compiled[spec] = graph
+        return graph
+
+
+def compiled(spec: registry.AgentSpec, tenant) -> CompiledStateGraph:
+    """The agent version's compiled graph, checkpointing for `tenant`."""
+    template = _template(spec, tenant)
+    return template.copy(
+        update={"checkpointer": template.checkpointer.for_tenant(tenant)}
+    )
+
+
 def compile_for(thread: Thread, version: str | None = None) -> CompiledStateGraph:
-    spec = spec_for(thread, version)
-    return spec.build_graph().compile(checkpointer=DjangoSaver(tenant=thread.tenant))
+    return compiled(spec_for(thread, version), thread.tenant)
 
 
 def thread_config(thread: Thread, checkpoint_id: str | None = None) -> dict:

@@ -20,7 +20,13 @@ from audit.services import Actor, record
 from runs import registry
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
-from runs.graphs import compile_for, ensure_nodes_exist, spec_for, thread_config
+from runs.graphs import (
+    compile_for,
+    compiled,
+    ensure_nodes_exist,
+    spec_for,
+    thread_config,
+)
 from runs.models import Run, Thread
 
 
@@ -185,7 +191,7 @@ def run_resume(
         )
     spec = spec_for(thread)
     if not active:
-        graph = spec.build_graph().compile()
+        graph = compiled(spec, thread.tenant)
         ensure_nodes_exist(graph, _waiting_nodes(thread), key=spec.key)
     return _queue(thread=thread, kind=Run.Kind.RESUME, actor=actor, resume_value=resume)
 

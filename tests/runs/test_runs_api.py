@@ -237,5 +237,67 @@ def test_another_tenants_thread_is_404_and_untouched():
     assert not DeletionRequest.objects.exists() and not Run.objects.exists()
 
 
-def test_another_tenants_approval_is_404():
-    assert not ApprovalRequest.objects.exists()
+def _open_request_for(tenant) -> ApprovalRequest:
+    """A pending approval request of `tenant`, opened as an interrupted run would."""
+    from langgraph.types import Interrupt
+
+    from approvals.services import approval_requests_open
+    from audit.services import Actor
+    from runs import services
+
+    thread = services.thread_create(tenant=tenant, agent="gate", actor=Actor.system("t"))
+    Thread.objects.filter(pk=thread.pk).update(agent_version="1", status="interrupted")
+    run = Run.objects.create(tenant=tenant, thread=thread, kind="start",
+                             agent_version="1", status="interrupted")
+    payload = {"action": "do_it", "args": {"x": 1}, "reason": "r", "affects": "a",
+               "if_denied": "d"}
+    (request,) = approval_requests_open(
+        run=run, interrupts=[Interrupt(value=payload, id="interrupt-1")]
+    )
+    return request
+
+
+def test_another_tenants_approval_is_404_and_undecided():
+    tenant_a, client_a = tenant_with_client()
+    _, client_b = tenant_with_client()
+    request = _open_request_for(tenant_a)
+    assert client_a.get(f"/api/v1/approvals/{request.id}").status_code == 200
+    assert_error(client_b.get(f"/api/v1/approvals/{request.id}"), 404, "not_found")
+    response = client_b.post(f"/api/v1/approvals/{request.id}/decision",
+                             {"approved": True}, format="json")
+    assert_error(response, 404, "not_found")
+    assert client_b.get("/api/v1/approvals").json()["results"] == []
+    request.refresh_from_db()
+    assert request.status == "pending" and not request.decisions.exists()
+
+
+def test_deny_without_note_is_rejected():
+    tenant, client = tenant_with_client()
+    request = _open_request_for(tenant)
+    response = client.post(f"/api/v1/approvals/{request.id}/decision",
+                           {"approved": False}, format="json")
+    body = assert_error(response, 400, "invalid")
+    assert "note" in body["fields"]
+    request.refresh_from_db()
+    assert request.status == "pending"
+
+
+@pytest.mark.parametrize("body", [{}, {"approved": "maybe"}, {"approved": True, "args": []}])
+def test_malformed_decision_is_400(body):
+    tenant, client = tenant_with_client()
+    request = _open_request_for(tenant)
+    response = client.post(f"/api/v1/approvals/{request.id}/decision", body, format="json")
+    assert_error(response, 400, "invalid")
+
+
+def test_approval_list_filters_are_validated():
+    _, client = tenant_with_client()
+    assert_error(client.get("/api/v1/approvals?risk=extreme"), 400, "invalid")
+    assert client.get("/api/v1/approvals?risk=high&status=pending").status_code == 200
+
+
+def test_approval_payload_is_ciphertext_at_rest():
+    tenant, _ = tenant_with_client()
+    request = _open_request_for(tenant)
+    raw = bytes(ApprovalRequest.objects.values_list("payload", flat=True).get(pk=request.pk))
+    assert b"do_it" not in raw and b"affects" not in raw
