@@ -14,16 +14,26 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
+from retention import services
 from retention.jobs import job_run
 from retention.models import DeletionRequest, ThreadRemoval
 from retention.services import subject_deletion_request
 from runs.crypto import ThreadCipher
 from runs.models import Checkpoint, Thread
+from tests import workers
 from tests.factories import make_tenant
 from tests.retention.helpers import TESTS, make_thread
-from tests import workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _only_the_sweeps_under_test(monkeypatch):
+    """A deletion request also queues its own carry-out task; a worker that
+    the session started for other tests would take it. Here only the sweeps
+    under test may carry requests out."""
+    monkeypatch.setattr(services, "_schedule_carry_out", lambda request_pk: None)
+
 
 LATER = timedelta(days=400)
 
