@@ -17,7 +17,8 @@ only the changed channels in `new_versions`) and a `put_writes` of the step's
 two writes. Reported: writes per second (puts + put_writes, median of the
 rounds), `get_tuple` latency for the latest checkpoint of a thread with 10,000
 checkpoints, and bytes in the database per checkpoint of a 200-step thread.
-Results go to the "Checkpoint store" section of docs/benchmarks.md.
+Results go to the "Checkpoint store" section of docs/benchmarks.md
+(`bench/benchmarks_doc.py` keeps the other sections).
 """
 
 from __future__ import annotations
@@ -104,18 +105,23 @@ def _with_search_path(url: str, schema: str) -> str:
 
 
 def _message(rng: random.Random, step: int) -> dict:
-    text = []
-    while sum(len(w) + 1 for w in text) < 470:
-        text.append(rng.choice(WORDS))
+    words, length = [], 0
+    while length < 470:
+        word = rng.choice(WORDS)
+        words.append(word)
+        length += len(word) + 1
     return {
         "role": "user" if step % 2 else "assistant",
         "id": f"msg-{step}",
-        "content": " ".join(text),
+        "content": " ".join(words),
     }
 
 
 class Workload:
-    """The checkpoints, versions and writes of one thread, step by step."""
+    """The checkpoints, versions and writes of one thread, step by step.
+
+    Steps are built before they are timed: only the store's work is measured.
+    """
 
     def __init__(self, saver, thread_id: str, *, window: int | None = None) -> None:
         self.saver = saver
@@ -124,7 +130,7 @@ class Workload:
         self.rng = random.Random(thread_id)
         self.messages: list[dict] = []
         self.versions: dict[str, str] = {}
-        self.parent: dict | None = None
+        self.parent_id: str | None = None
         self.step = 0
 
     def next_step(self):
@@ -152,22 +158,22 @@ class Workload:
         checkpoint["channel_versions"] = dict(self.versions)
         checkpoint["versions_seen"] = {"agent": dict(self.versions)}
         config = {"configurable": {"thread_id": self.thread_id, "checkpoint_ns": ""}}
-        if self.parent:
-            config["configurable"]["checkpoint_id"] = self.parent["configurable"][
-                "checkpoint_id"
-            ]
+        if self.parent_id:
+            config["configurable"]["checkpoint_id"] = self.parent_id
+        self.parent_id = checkpoint["id"]
         metadata = {"source": "loop", "step": self.step, "parents": {}}
         writes = [("messages", [message]), ("tokens", self.step * 137)]
         self.step += 1
         return config, checkpoint, metadata, new_versions, writes
 
-    def run(self, steps: int) -> int:
-        """Puts and put_writes for `steps` steps; returns the number of calls."""
-        for _ in range(steps):
-            config, checkpoint, metadata, new_versions, writes = self.next_step()
-            self.parent = self.saver.put(config, checkpoint, metadata, new_versions)
-            self.saver.put_writes(self.parent, writes, str(uuid.uuid4()))
-        return steps * 2
+    def run(self, steps: int) -> tuple[int, float]:
+        """Puts and put_writes for `steps` steps: (calls, seconds in the store)."""
+        prepared = [(*self.next_step(), str(uuid.uuid4())) for _ in range(steps)]
+        started = time.perf_counter()
+        for config, checkpoint, metadata, new_versions, writes, task_id in prepared:
+            stored = self.saver.put(config, checkpoint, metadata, new_versions)
+            self.saver.put_writes(stored, writes, task_id)
+        return steps * 2, time.perf_counter() - started
 
 
 # --- the floor: raw inserts of DjangoSaver's bytes ---------------------------------
@@ -212,7 +218,6 @@ class FloorSaver:
                 self.encoder(config, checkpoint, metadata, new_versions, writes)
             )
             self.encode_seconds += time.perf_counter() - started
-        workload.step = 0
 
     def run(self) -> int:
         with self.conn.cursor() as cur:
@@ -388,11 +393,8 @@ class Bench:
             started = time.perf_counter()
             calls = floor.run()
             self.encode_calls += calls
-        else:
-            workload = Workload(self.savers[name], thread_id)
-            started = time.perf_counter()
-            calls = workload.run(self.args.steps)
-        return calls, time.perf_counter() - started
+            return calls, time.perf_counter() - started
+        return Workload(self.savers[name], thread_id).run(self.args.steps)
 
     def writes(self) -> dict[str, list[float]]:
         results: dict[str, list[float]] = {name: [] for name in SAVERS}
@@ -477,12 +479,10 @@ class Bench:
             if isinstance(saver, DjangoSaver):
                 saver = DjangoSaver(tenant=self.tenant)  # nothing cached
             thread_id = f"long-{uuid.uuid4().hex[:6]}"
-            started = time.perf_counter()
-            Workload(saver, thread_id, window=args.window).run(args.history)
-            print(
-                f"  {name}: {args.history} checkpoints written in "
-                f"{time.perf_counter() - started:.1f}s"
+            _, seconds = Workload(saver, thread_id, window=args.window).run(
+                args.history
             )
+            print(f"  {name}: {args.history} checkpoints written in {seconds:.1f}s")
             readers[name] = (
                 saver,
                 {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}},
@@ -624,19 +624,6 @@ def report(args, writes, sizes, latencies, encode_ms: float) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace the "Checkpoint store" section, keeping any other section."""
-    heading = "## Checkpoint store"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if heading in text:
-        before, _, rest = text.partition(heading)
-        after = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
-        text = before + section + ("\n" + after if after else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=3, help="threads per round")
@@ -650,7 +637,7 @@ def main() -> None:
     )
     parser.add_argument("--reads", type=int, default=300, help="get_tuple samples")
     parser.add_argument(
-        "--output", default=str(ROOT / "docs" / "benchmarks.md"), help="report file"
+        "--no-write", action="store_true", help="print, leave docs/benchmarks.md"
     )
     parser.add_argument("--note", help="a file whose text closes the report")
     parser.add_argument(
@@ -678,8 +665,11 @@ def main() -> None:
         section = report(args, writes, sizes, latencies, encode_ms)
         print()
         print(section)
-        write_section(Path(args.output), section)
-        print(f"written to {args.output}")
+        if not args.no_write:
+            from bench.benchmarks_doc import DOC, write_section
+
+            write_section("Checkpoint store", section)
+            print(f"written to {DOC}")
     finally:
         bench.close()
         if not args.keep_database:
