@@ -31,8 +31,8 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     # Anything else under /api/ answers the API's JSON 404, even with DEBUG on.
     re_path(r"^api/", api_not_found),
-    path("healthz", health.healthz, name="healthz"),
-    path("readyz", health.readyz, name="readyz"),
+    path("healthz", health.HealthView.as_view(), name="healthz"),
+    path("readyz", health.ReadyView.as_view(), name="readyz"),
 ]
 
 handler500 = "runs.api.errors.server_error"

@@ -2,12 +2,11 @@
 
 from django.conf import settings
 from django.db import connection
-from django.http import JsonResponse
+from drf_spectacular.utils import extend_schema, inline_serializer
 from kombu import Connection
-
-
-def healthz(request) -> JsonResponse:
-    return JsonResponse({"status": "ok"})
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 
 def _check_database() -> str | None:
@@ -31,11 +30,44 @@ def _check_broker() -> str | None:
         return type(exc).__name__
 
 
-def readyz(request) -> JsonResponse:
-    checks = {"database": _check_database(), "broker": _check_broker()}
-    ready = all(error is None for error in checks.values())
-    body = {
-        "status": "ok" if ready else "unavailable",
-        "checks": {name: error or "ok" for name, error in checks.items()},
-    }
-    return JsonResponse(body, status=200 if ready else 503)
+class ProbeView(APIView):
+    """Answers without credentials, throttling or a tenant."""
+
+    public = True
+    authentication_classes: list = []
+    throttle_classes: list = []
+
+
+class HealthView(ProbeView):
+    @extend_schema(
+        summary="Liveness: the process answers",
+        responses=inline_serializer("Health", {"status": serializers.CharField()}),
+        tags=["service"],
+    )
+    def get(self, request):
+        return Response({"status": "ok"})
+
+
+class ReadyView(ProbeView):
+    @extend_schema(
+        summary="Readiness: database and broker reachable (503 naming the failing check)",
+        responses={
+            (code, "application/json"): inline_serializer(
+                f"Readiness{code}",
+                {
+                    "status": serializers.CharField(),
+                    "checks": serializers.DictField(child=serializers.CharField()),
+                },
+            )
+            for code in (200, 503)
+        },
+        tags=["service"],
+    )
+    def get(self, request):
+        checks = {"database": _check_database(), "broker": _check_broker()}
+        ready = all(error is None for error in checks.values())
+        body = {
+            "status": "ok" if ready else "unavailable",
+            "checks": {name: error or "ok" for name, error in checks.items()},
+        }
+        return Response(body, status=200 if ready else 503)

@@ -40,7 +40,9 @@ def test_schema_is_valid_openapi_3():
     )
     assert schema["openapi"].startswith("3.")
     validate_schema(schema)
-    assert "/api/v1/agents" in schema["paths"]
+    for path in ["/api/v1/agents", "/api/v1/threads", "/api/v1/approvals",
+                 "/api/v1/threads/{thread_id}/runs", "/healthz", "/readyz"]:
+        assert path in schema["paths"], path
 
 
 def test_schema_generation_has_no_warnings(capsys):
