@@ -25,7 +25,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from approvals.escalation import (
@@ -78,12 +78,19 @@ def expirable_threads(tenant: Tenant, now: datetime):
     under legal hold never expire.
     """
     cutoff = now - services.policy_for(tenant).checkpoint_ttl
-    recent_checkpoint = Exists(
-        Checkpoint.objects.filter(thread_id=OuterRef("pk"), created_at__gte=cutoff)
+    # The latest root checkpoint: one step back along the checkpoint index
+    # (ids grow with time), not a scan of the thread's history.
+    latest_checkpoint = Subquery(
+        Checkpoint.objects.filter(thread_id=OuterRef("pk"), checkpoint_ns="")
+        .order_by("-checkpoint_id")
+        .values("created_at")[:1]
     )
-    idle = Q(expires_at__isnull=True, updated_at__lt=cutoff) & ~recent_checkpoint
+    idle = Q(expires_at__isnull=True, updated_at__lt=cutoff) & (
+        Q(latest_checkpoint__isnull=True) | Q(latest_checkpoint__lt=cutoff)
+    )
     return (
         Thread.objects.filter(tenant=tenant, deleted_at__isnull=True, legal_hold=False)
+        .annotate(latest_checkpoint=latest_checkpoint)
         .filter(Q(expires_at__lte=now) | idle)
         .exclude(_active_run())
     )

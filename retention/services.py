@@ -29,8 +29,17 @@ from typing import Any
 
 from django.apps import apps
 from django.db import connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, Window
-from django.db.models.functions import RowNumber
+from django.db.models import (
+    Count,
+    DateTimeField,
+    Exists,
+    F,
+    OuterRef,
+    Q,
+    Value,
+    Window,
+)
+from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
 from approvals.escalation import approval_close
@@ -323,15 +332,23 @@ def _clear_content(thread_pks: Sequence[int]) -> dict[str, Counter]:
     return cleared
 
 
-def _shred(thread_pks: Sequence[int]) -> None:
-    """Destroy the threads' data keys: `runs.crypto.shred_thread` for a batch.
+def _shred(thread_pks: Sequence[int], *, clear_metadata: bool = False) -> None:
+    """Destroy the threads' data keys and make them tombstones, in one UPDATE:
+    `runs.crypto.shred_thread` for a batch.
 
     The callers hold the threads' rows FOR UPDATE and have checked the legal
     holds under that lock, which is what shred_thread does for one thread.
     """
-    Thread.objects.filter(pk__in=thread_pks, wrapped_data_key__isnull=False).update(
-        wrapped_data_key=None, data_key_id=""
-    )
+    fields: dict[str, Any] = {
+        "wrapped_data_key": None,
+        "data_key_id": "",
+        "deleted_at": Coalesce(
+            F("deleted_at"), Value(timezone.now(), output_field=DateTimeField())
+        ),
+    }
+    if clear_metadata:
+        fields.update(metadata={}, subject_hash="")
+    Thread.objects.filter(pk__in=thread_pks).update(**fields)
 
     def forget() -> None:
         for pk in thread_pks:
@@ -362,11 +379,17 @@ def _busy_with_a_reviewer(thread_pks: Sequence[int]) -> tuple[set[int], list]:
 
 
 def threads_close(
-    *, threads: Sequence[Thread], actor: Actor, reason: str
+    *,
+    threads: Sequence[Thread],
+    actor: Actor,
+    reason: str,
+    clear_metadata: bool = False,
 ) -> tuple[list[Thread], list[Thread]]:
     """Shred the threads now and make them tombstones: the first step of a
     deletion. Runs are cancelled and open approvals closed. Call with the
-    threads locked; returns (closed, busy) where busy ones were left alone."""
+    threads locked; returns (closed, busy) where busy ones were left alone.
+    The metadata and subject index stay unless `clear_metadata` (a subject
+    request finds its threads by the index until their rows are removed)."""
     pks = [thread.pk for thread in threads]
     busy, approvals = _busy_with_a_reviewer(pks)
     closed = [thread for thread in threads if thread.pk not in busy]
@@ -380,12 +403,8 @@ def threads_close(
     for thread in closed:
         if thread.pk in active:
             run_cancel_active(thread=thread, actor=actor, reason=reason)
-    closed_pks = [thread.pk for thread in closed]
-    _shred(closed_pks)
+    _shred([thread.pk for thread in closed], clear_metadata=clear_metadata)
     now = timezone.now()
-    Thread.objects.filter(pk__in=closed_pks, deleted_at__isnull=True).update(
-        deleted_at=now
-    )
     for thread in closed:
         thread.deleted_at = thread.deleted_at or now
         thread.wrapped_data_key = None
@@ -405,7 +424,9 @@ def threads_remove(
     holds checked. Returns ({thread pk: rows removed by kind}, busy threads
     left for the next sweep). Keys are destroyed before any row goes.
     """
-    threads, busy = threads_close(threads=threads, actor=RETENTION, reason=reason)
+    threads, busy = threads_close(
+        threads=threads, actor=RETENTION, reason=reason, clear_metadata=True
+    )
     pks = [thread.pk for thread in threads]
     if not pks:
         return {}, busy
@@ -420,7 +441,6 @@ def threads_remove(
     for name, counts in _clear_content(pks).items():
         for pk, rows in counts.items():
             removed[pk][name] += rows
-    Thread.objects.filter(pk__in=pks).update(metadata={}, subject_hash="")
     now = timezone.now()
     ThreadRemoval.objects.bulk_create(
         [
