@@ -63,6 +63,13 @@ class AuditEvent(models.Model):
             models.Index(
                 fields=["tenant", "thread_id", "seq"], name="audit_tenant_thread"
             ),
+            # Verification starts from the latest purge; without this, finding
+            # it scans every event of a tenant that was never purged.
+            models.Index(
+                fields=["tenant", "seq"],
+                condition=models.Q(kind="audit.purged"),
+                name="audit_tenant_purges",
+            ),
         ]
         ordering = ["tenant", "seq"]
 

@@ -18,8 +18,9 @@ Why sealing never holds up the writers of events:
   tenant instead of waiting or building an overlapping block.
 - Blocks name ranges of sequence numbers; event rows are never updated.
 
-The canonical form of an event (what its digest covers) is a JSON array of
-the tenant id and the event's columns, data with sorted keys. Integral floats
+The canonical form of an event (what its digest covers) is a compact JSON
+array of a version tag, the tenant id and the event's columns (the time as
+`YYYY-MM-DDTHH:MM:SS.ffffffZ`), data last with sorted keys. Integral numbers
 are written as integers so that a value reads back identically whichever way
 the database normalised it (jsonb turns 1e20 into 100000000000000000000).
 """
@@ -33,14 +34,14 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, OuterRef, Subquery
+from django.db.models import F, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from audit import events
+from audit.expressions import json_text, timestamp_text
 from audit.models import AuditBlock, AuditChainHead, AuditEvent, AuditSequence
 
 logger = logging.getLogger(__name__)
@@ -68,31 +69,47 @@ _EVENT_TAG = "gatehouse.audit.event.v1"
 _BLOCK_TAG = "gatehouse.audit.block.v1"
 
 
-def _normalise(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {key: _normalise(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_normalise(item) for item in value]
-    return value
+def _number(text: str) -> int | float:
+    # Integral numbers read back as integers however they were written: jsonb
+    # turns 1e20 into 100000000000000000000 and keeps 1.0 as 1.0.
+    value = float(text)
+    return int(value) if value.is_integer() else value
 
 
-def _timestamp(value: datetime.datetime) -> str:
+_decode = json.JSONDecoder(parse_float=_number).decode
+_encode = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), sort_keys=True
+).encode
+
+
+def _timestamp(value: datetime.datetime | str) -> str:
+    if isinstance(value, str):  # printed by Postgres in this very form
+        return value
     return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _canonical(payload: list) -> bytes:
-    return json.dumps(
-        payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True
-    ).encode()
+    return _encode(payload).encode()
+
+
+def hashed_rows(queryset: QuerySet[AuditEvent]) -> QuerySet:
+    """The HASHED_FIELDS of each event, with `data` as JSON text and, on
+    Postgres, `occurred_at` as text: the fast form for event_digest()."""
+    return queryset.annotate(
+        _at=timestamp_text("occurred_at"), _data=json_text("data")
+    ).values_list("seq", "_at", *HASHED_FIELDS[2:-1], "_data")
 
 
 def event_digest(tenant_id: int, row: tuple) -> bytes:
-    """SHA-256 of one event, from its HASHED_FIELDS values in that order."""
+    """SHA-256 of one event, from its HASHED_FIELDS values in that order.
+
+    `data` may be JSON text or the decoded value; either gives the digest.
+    """
     seq, occurred_at, *columns, data = row
+    if not isinstance(data, str):
+        data = json.dumps(data)
     payload = [_EVENT_TAG, tenant_id, seq, _timestamp(occurred_at), *columns]
-    payload.append(_normalise(data))
+    payload.append(_decode(data))
     return hashlib.sha256(_canonical(payload)).digest()
 
 
@@ -150,12 +167,10 @@ def seal_tenant(*, tenant_id: int, max_events: int | None = None) -> int:
         upper = min(_committed_seq(tenant_id), head.last_seq + max_events)
         if upper <= head.last_seq:
             return 0
-        rows = (
+        rows = hashed_rows(
             AuditEvent.objects.filter(
                 tenant_id=tenant_id, seq__gt=head.last_seq, seq__lte=upper
-            )
-            .order_by("seq")
-            .values_list(*HASHED_FIELDS)
+            ).order_by("seq")
         )
         digests: list[bytes] = []
         expected = head.last_seq + 1
@@ -336,10 +351,11 @@ def _check(tenant_id: int) -> ChainCheck:
         return result(leftover, f"event #{leftover} should have been purged")
 
     rows = _Rows(
-        AuditEvent.objects.filter(tenant_id=tenant_id, seq__gte=start)
-        .order_by("seq")
-        .values_list(*HASHED_FIELDS)
-        .iterator(chunk_size=5000)
+        hashed_rows(
+            AuditEvent.objects.filter(tenant_id=tenant_id, seq__gte=start).order_by(
+                "seq"
+            )
+        ).iterator(chunk_size=5000)
     )
     block_rows = (
         AuditBlock.objects.filter(tenant_id=tenant_id, last_seq__gte=start)

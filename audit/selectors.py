@@ -105,6 +105,7 @@ class TimelineEntry:
     seq: int
     last_seq: int
     kind: str
+    action: str
     actor: str
     text: str
     count: int = 1
@@ -142,24 +143,51 @@ def _entry_text(summary: str, actor_type: str, actor_label: str) -> str:
     return summary
 
 
+_ENDINGS = (".succeeded", ".failed")
+
+
+def _completes(entry: TimelineEntry, kind: str, action: str) -> bool:
+    """Whether `kind` ends what `entry` started (x.started, then x.succeeded)."""
+    noun, _, verb = entry.kind.rpartition(".")
+    return (
+        verb == "started"
+        and kind in {noun + ending for ending in _ENDINGS}
+        and entry.action == action
+    )
+
+
 def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
     """The compact story of one thread, or None when it left no events.
 
     Consecutive repeats (same kind, summary and actor) fold into one entry
-    with a count; kinds declared with timeline=False are only counted.
+    with a count; an `x.started` directly followed by its `x.succeeded` or
+    `x.failed` (same action) becomes one entry; kinds declared with
+    timeline=False are only counted.
     """
     rows = (
         AuditEvent.objects.for_tenant(tenant)
         .filter(thread_id=thread_id)
         .order_by("seq")
         .values_list(
-            "seq", "occurred_at", "kind", "actor_type", "actor_label", "summary"
+            "seq",
+            "occurred_at",
+            "kind",
+            "action",
+            "actor_type",
+            "actor_label",
+            "summary",
         )
     )
     timeline = Timeline(thread_id=thread_id)
-    for seq, occurred_at, kind, actor_type, actor_label, summary in rows.iterator(
-        chunk_size=1000
-    ):
+    for (
+        seq,
+        occurred_at,
+        kind,
+        action,
+        actor_type,
+        actor_label,
+        summary,
+    ) in rows.iterator(chunk_size=1000):
         timeline.events += 1
         timeline.first_at = timeline.first_at or occurred_at
         timeline.last_at = occurred_at
@@ -175,6 +203,11 @@ def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
             last.count += 1
             last.last_seq = seq
             continue
+        if last is not None and last.count == 1 and _completes(last, kind, action):
+            # "refund_order called" then "refund_order succeeded": one line,
+            # at the time it started, saying how it ended.
+            last.kind, last.text, last.last_seq = kind, text, seq
+            continue
         if len(timeline.entries) >= MAX_TIMELINE_ENTRIES:
             timeline.truncated = True
             continue
@@ -184,6 +217,7 @@ def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
                 seq=seq,
                 last_seq=seq,
                 kind=kind,
+                action=action,
                 actor=actor_label,
                 text=text,
             )

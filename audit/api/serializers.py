@@ -119,6 +119,7 @@ class TimelineEntrySerializer(serializers.Serializer):
     seq = serializers.IntegerField()
     last_seq = serializers.IntegerField()
     kind = serializers.CharField()
+    action = serializers.CharField()
     actor = serializers.CharField()
     text = serializers.CharField()
     count = serializers.IntegerField()

@@ -319,6 +319,32 @@ def test_thread_timeline_reads_like_a_story():
     assert len(body["story"]) == 3 and body["story"][1].endswith("(x3)")
 
 
+def test_timeline_folds_a_started_call_into_how_it_ended(monkeypatch):
+    tenant, client = tenant_with_client(scopes=["audit"])
+    started = events.EventKind("test_call.started", "{action} called")
+    ended = events.EventKind("test_call.succeeded", "{action} succeeded")
+    quiet = events.EventKind("test_call.read", "state read", timeline=False)
+    for kind in (started, ended, quiet):
+        monkeypatch.setitem(events.REGISTRY, kind.name, kind)
+    agent = Actor.agent("refund")
+    for kind, action in (
+        (started, "refund_order"),
+        (ended, "refund_order"),
+        (quiet, ""),
+        (started, "notify"),
+        (ended, "lookup"),  # another action: not the end of "notify"
+    ):
+        record(tenant=tenant, kind=kind, actor=agent, thread_id="t", action=action)
+    body = client.get("/api/v1/audit/threads/t").json()
+    assert [entry["text"] for entry in body["entries"]] == [
+        "refund_order succeeded",
+        "notify called",
+        "lookup succeeded",
+    ]
+    assert body["hidden"] == 1
+    assert (body["entries"][0]["seq"], body["entries"][0]["last_seq"]) == (3, 4)
+
+
 def test_timeline_is_404_only_for_a_thread_without_events():
     tenant, client = tenant_with_client(scopes=["audit"])
     assert_error(client.get("/api/v1/audit/threads/never-seen"), 404, "not_found")
