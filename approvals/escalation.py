@@ -333,10 +333,11 @@ def _due_action(approval: ApprovalRequest, policy, now: datetime) -> tuple[str, 
     return hop.action, hop.step
 
 
-def _describe(approval: ApprovalRequest, what: str) -> str:
+def _describe(approval: ApprovalRequest, what: str, why: str = "") -> str:
+    """A dry run's line: "remind approval <id> (tenant/thread, action)"."""
     return (
-        f"approval {approval.pk} ({approval.tenant.slug}/"
-        f"{approval.thread.thread_id}, {approval.action}): {what}"
+        f"{what} approval {approval.pk} ({approval.tenant.slug}/"
+        f"{approval.thread.thread_id}, {approval.action})" + (f": {why}" if why else "")
     )
 
 
@@ -368,16 +369,17 @@ def approvals_escalate(
                     approval, policies[approval.tenant_id], now
                 )
                 if action == "close":
-                    counter, what = "closed", f"close ({detail})"
+                    counter, what, why = "closed", "close", detail
                 elif action == "escalate":
-                    counter, what = f"step_{detail.name}", detail.name
+                    counter, what, why = f"step_{detail.name}", detail.name, ""
                 elif action == "expire":
-                    counter, what = "expired", "expire: deny and resume the run"
+                    counter, what = "expired", "expire"
+                    why = "deny and resume the run"
                 else:
                     continue
                 if dry_run:
                     result.add(approval.tenant_id, counter)
-                    result.plan.append(_describe(approval, what))
+                    result.plan.append(_describe(approval, what, why))
                     continue
 
                 def work(approval=approval, action=action, detail=detail):
@@ -417,7 +419,7 @@ def approvals_close_orphaned(
                     continue
                 if dry_run:
                     result.add(approval.tenant_id, "closed")
-                    result.plan.append(_describe(approval, f"close ({reason})"))
+                    result.plan.append(_describe(approval, "close", reason))
                     continue
 
                 def work(approval=approval, reason=reason):

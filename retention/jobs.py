@@ -123,6 +123,8 @@ def expire_threads(
         cursor = 0
         while not _out_of_time(deadline):
             with transaction.atomic():
+                if services.tenant_on_hold(tenant, lock=True):
+                    break  # placed since the run started
                 batch = list(
                     candidates.filter(pk__gt=cursor)
                     .select_related("tenant")
@@ -189,43 +191,49 @@ def prune_checkpoints(
     """
     result = SweepResult()
     for tenant in _tenants():
-        keep = services.policy_for(tenant).keep_latest_checkpoints
-        threads = _prunable(tenant)
-        cursor = 0
-        while not _out_of_time(deadline):
-            page = list(
-                threads.filter(pk__gt=cursor)
-                .order_by("pk")
-                .values_list("pk", flat=True)[:PRUNE_SCAN_PAGE]
-            )
-            if not page:
-                break
-            cursor = page[-1]
-            over = _over_limit(page, keep)
-            for start in range(0, len(over), batch_size):
-                if _out_of_time(deadline):
-                    break
-                chunk = over[start : start + batch_size]
-                if dry_run:
-                    _plan_prune(result, tenant, chunk, keep)
-                    continue
-                with transaction.atomic():
-                    locked = list(
-                        threads.filter(pk__in=chunk)
-                        .exclude(_active_run())
-                        .select_for_update(skip_locked=True, of=("self",))
-                        .order_by("pk")
-                    )
-                    removed = services.checkpoints_prune(threads=locked, keep=keep)
-                    for counts in removed.values():
-                        result.add(tenant.pk, "threads_pruned")
-                        for name, rows in counts.items():
-                            result.add(tenant.pk, name, rows)
-                    skipped = len(chunk) - len(locked)
-                    if skipped:
-                        result.add(tenant.pk, "threads_busy", skipped)
-                _tick(progress, len(chunk))
+        _prune_tenant(result, tenant, batch_size, dry_run, deadline, progress)
     return result
+
+
+def _prune_tenant(result, tenant, batch_size, dry_run, deadline, progress) -> None:
+    keep = services.policy_for(tenant).keep_latest_checkpoints
+    threads = _prunable(tenant)
+    cursor = 0
+    while not _out_of_time(deadline):
+        page = list(
+            threads.filter(pk__gt=cursor)
+            .order_by("pk")
+            .values_list("pk", flat=True)[:PRUNE_SCAN_PAGE]
+        )
+        if not page:
+            return
+        cursor = page[-1]
+        over = _over_limit(page, keep)
+        for start in range(0, len(over), batch_size):
+            if _out_of_time(deadline):
+                return
+            chunk = over[start : start + batch_size]
+            if dry_run:
+                _plan_prune(result, tenant, chunk, keep)
+                continue
+            with transaction.atomic():
+                if services.tenant_on_hold(tenant, lock=True):
+                    return  # placed since the run started
+                locked = list(
+                    threads.filter(pk__in=chunk)
+                    .exclude(_active_run())
+                    .select_for_update(skip_locked=True, of=("self",))
+                    .order_by("pk")
+                )
+                removed = services.checkpoints_prune(threads=locked, keep=keep)
+                for counts in removed.values():
+                    result.add(tenant.pk, "threads_pruned")
+                    for name, rows in counts.items():
+                        result.add(tenant.pk, name, rows)
+                skipped = len(chunk) - len(locked)
+                if skipped:
+                    result.add(tenant.pk, "threads_busy", skipped)
+            _tick(progress, len(chunk))
 
 
 def _plan_prune(result: SweepResult, tenant: Tenant, thread_pks, keep: int) -> None:
@@ -324,7 +332,7 @@ def _plan_deletion(result: SweepResult, request: DeletionRequest) -> None:
         result.add(request.tenant_id, "threads_on_hold", held)
     what = request.thread_ref or "a data subject"
     result.plan.append(
-        f"deletion request {request.pk} ({request.tenant.slug}, {what}, "
+        f"carry out deletion request {request.pk} ({request.tenant.slug}, {what}, "
         f"{request.status}): remove {len(rows) - held} thread(s), "
         f"{checkpoints} checkpoints; {held} on legal hold"
     )
@@ -442,9 +450,12 @@ def purge_audit(
                         f"#{last} (older than {before:%Y-%m-%d})"
                     )
             continue
-        purged = purge_before(
-            tenant=tenant, before=before, actor=Actor.system("retention")
-        )
+        with transaction.atomic():
+            if services.tenant_on_hold(tenant, lock=True):
+                continue
+            purged = purge_before(
+                tenant=tenant, before=before, actor=Actor.system("retention")
+            )
         if purged.events:
             result.add(tenant.pk, "events_purged", purged.events)
             result.add(tenant.pk, "blocks_purged", purged.blocks)

@@ -164,8 +164,21 @@ def held_tenant_ids() -> set[int]:
     )
 
 
-def tenant_on_hold(tenant: Tenant | int) -> bool:
+def tenant_on_hold(tenant: Tenant | int, *, lock: bool = False) -> bool:
+    """Whether a tenant-wide hold is active.
+
+    With `lock`, call inside the transaction about to delete the tenant's
+    data: it takes the tenant row FOR SHARE first, which a tenant-wide hold
+    being placed (FOR NO KEY UPDATE) waits for, and which waits for one, so
+    a hold is either seen here or placed after this transaction's deletions.
+    """
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
+    if lock and connection.vendor == "postgresql":
+        table = connection.ops.quote_name(Tenant._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT 1 FROM {table} WHERE id = %s FOR SHARE", [tenant_id]
+            )
     return LegalHold.objects.active().on_tenant().filter(tenant_id=tenant_id).exists()
 
 
@@ -185,7 +198,14 @@ def legal_hold_place(
     reason = (reason or "").strip()
     if not reason:
         raise InvalidRequest("a legal hold needs a reason", field="reason")
-    if thread is not None:
+    if thread is None:
+        # Sweeps check for a tenant-wide hold under FOR SHARE on this row.
+        list(
+            Tenant.objects.select_for_update(no_key=True)
+            .filter(pk=tenant.pk)
+            .values_list("pk", flat=True)
+        )
+    else:
         thread = Thread.objects.select_for_update().get(pk=thread.pk)
         if thread.tenant_id != tenant.pk:
             raise InvalidRequest("the thread belongs to another tenant", field="thread")
@@ -579,7 +599,7 @@ def _accept(
     target: str,
 ) -> DeletionRequest:
     """Shred what may be shredded now; the rest waits for its hold."""
-    tenant_held = tenant_on_hold(request.tenant_id)
+    tenant_held = tenant_on_hold(request.tenant_id, lock=True)
     held = [t for t in threads if tenant_held or t.legal_hold]
     free = [t for t in threads if not (tenant_held or t.legal_hold)]
     # Called with pending approvals locked first, so nothing is busy here.
@@ -706,7 +726,7 @@ def deletion_carry_out(
         )
         if request is None:
             return None
-        tenant_held = tenant_on_hold(request.tenant_id)
+        tenant_held = tenant_on_hold(request.tenant_id, lock=True)
         remaining = request_threads(request)
         if tenant_held:
             candidates = []

@@ -8,6 +8,7 @@ open batch is rolled back and the next run does it again).
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.core.management.base import BaseCommand, CommandError
@@ -47,8 +48,15 @@ class Command(BaseCommand):
             )
         if batch_size is not None and batch_size < 1:
             raise CommandError("--batch-size must be at least 1")
-        for name in jobs or list(JOBS):
-            self._run(name, dry_run=dry_run, batch_size=batch_size, limit=limit)
+        # This command reports each job itself; the jobs' log line would repeat it.
+        logger = logging.getLogger("retention.jobs")
+        level = logger.level
+        logger.setLevel(logging.WARNING)
+        try:
+            for name in jobs or list(JOBS):
+                self._run(name, dry_run=dry_run, batch_size=batch_size, limit=limit)
+        finally:
+            logger.setLevel(level)
 
     def _run(self, name: str, *, dry_run: bool, batch_size, limit: int) -> None:
         job = JOBS[name]
