@@ -33,3 +33,10 @@ bench-checkpoints: $(VENV)/.dev
 
 bench-resume: $(VENV)/.dev
 	$(PY) bench/resume.py
+
+.PHONY: bench-retention
+
+# The TTL expiry sweep over 1M expired checkpoints, beside live writes (own
+# database); `--scale 0.1` for a quick run: make bench-retention ARGS="--scale 0.1".
+bench-retention: $(VENV)/.dev
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/retention.py $(ARGS)
