@@ -85,15 +85,16 @@ def test_create_reviewer_generates_a_password_without_a_terminal():
     assert Membership.objects.get(user=user).role == "reviewer"
 
 
-def test_process_refuses_to_start_without_master_keys_when_debug_is_off():
+def manage_check(**env: str) -> subprocess.CompletedProcess:
+    """`manage.py check` in a fresh process with production-like settings."""
     env = {
         **os.environ,
         "DEBUG": "false",
-        "GATEHOUSE_MASTER_KEYS": "",
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "SECRET_KEY": "x",
+        **env,
     }
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "manage.py", "check"],
         cwd=ROOT,
         env=env,
@@ -101,50 +102,30 @@ def test_process_refuses_to_start_without_master_keys_when_debug_is_off():
         text=True,
         timeout=60,
     )
+
+
+def test_process_refuses_to_start_without_master_keys_when_debug_is_off():
+    result = manage_check(GATEHOUSE_MASTER_KEYS="")
     assert result.returncode != 0
     assert "GATEHOUSE_MASTER_KEYS is not set and DEBUG is off" in result.stderr
 
 
 def test_malformed_master_key_ring_is_refused():
-    env = {
-        **os.environ,
-        "DEBUG": "false",
-        "GATEHOUSE_MASTER_KEYS": "k1:c2hvcnQ=",
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "SECRET_KEY": "x",
-    }
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = manage_check(GATEHOUSE_MASTER_KEYS="k1:c2hvcnQ=")
     assert result.returncode != 0
     assert "must be 32 bytes" in result.stderr
 
 
 def test_embedded_mode_generates_a_key_once(tmp_path):
-    env = {
-        **os.environ,
-        "DEBUG": "true",
-        "GATEHOUSE_MASTER_KEYS": "",
-        "GATEHOUSE_VAR_DIR": str(tmp_path),
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-    }
+    key_file = tmp_path / "master.key"
+    keys = []
     for _ in range(2):
-        result = subprocess.run(
-            [sys.executable, "manage.py", "check"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
+        result = manage_check(
+            DEBUG="true", GATEHOUSE_MASTER_KEYS="", GATEHOUSE_VAR_DIR=str(tmp_path)
         )
         assert result.returncode == 0, result.stderr
         assert "GATEHOUSE_MASTER_KEYS is not set" in result.stderr
-    key_file = tmp_path / "master.key"
-    first = key_file.read_text()
-    assert first.startswith("embedded-1:")
+        keys.append(key_file.read_text())
+    assert keys[0].startswith("embedded-1:")
+    assert keys[0] == keys[1]  # the second start reuses the key, never replaces it
     assert oct(key_file.stat().st_mode & 0o777) == "0o600"
