@@ -16,7 +16,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, IntegerField, Value, When
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -26,9 +25,9 @@ from django.views.decorators.http import require_POST
 
 from approvals import dashboard, desk
 from approvals.forms import AssignForm, DecisionForm, EditedArgsForm
-from approvals.models import ApprovalRequest
+from approvals.models import PENDING_FIRST, ApprovalRequest
 from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, tenant_ids_for
-from runs.crypto import ThreadCipher
+from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict
 
 CARD_TEMPLATE = "admin/approvals/approvalrequest/card.html"
@@ -106,15 +105,8 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         "tenant",
     ]
     list_display_links = ["action"]
-    # Pending first, the soonest due first.
-    ordering = [
-        Case(
-            When(status=ApprovalRequest.Status.PENDING, then=Value(0)),
-            default=Value(1),
-            output_field=IntegerField(),
-        ).asc(),
-        "due_at",
-    ]
+    # Pending first, the soonest due first: the order of index approval_queue.
+    ordering = [PENDING_FIRST.asc(), "due_at"]
     list_filter = [
         "status",
         "risk",
@@ -261,7 +253,10 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         if request.method != "GET":
             return HttpResponseNotAllowed(["GET"])
         approval = self._approval_or_404(request, object_id)
-        card = desk.card_fields(approval=approval, user=request.user)
+        try:
+            card = desk.card_fields(approval=approval, user=request.user)
+        except CryptoError as exc:
+            return self._render_unreadable(request, approval, exc)
         opening = None
         if approval.is_pending and desk.can_decide(request.user, approval.tenant_id):
             opening = desk.opening_record(
@@ -327,6 +322,24 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         }
         return TemplateResponse(request, CARD_TEMPLATE, context, status=status)
 
+    def _render_unreadable(self, request, approval, exc: CryptoError):
+        """A request whose content cannot be decrypted: said plainly, and no
+        way to decide it blind."""
+        if isinstance(exc, ThreadDeleted):
+            reason = "The thread was deleted: this request's content is gone."
+        else:
+            reason = f"This request's content cannot be read ({exc})."
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"{approval.action} on {approval.thread.thread_id}",
+            "approval": approval,
+            "card": None,
+            "unreadable": reason,
+            "changelist_url": reverse("admin:approvals_approvalrequest_changelist"),
+        }
+        return TemplateResponse(request, CARD_TEMPLATE, context)
+
     def decide_view(self, request, object_id):
         approval = self._approval_or_404(request, object_id)
         if not desk.can_decide(request.user, approval.tenant_id):
@@ -345,7 +358,10 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
                 "is now; decide again.",
             )
             return HttpResponseRedirect(self._card_url(approval))
-        card = desk.opening_card(opening, ThreadCipher.for_thread(approval.thread))
+        try:
+            card = desk.opening_card(opening, ThreadCipher.for_thread(approval.thread))
+        except CryptoError as exc:
+            return self._render_unreadable(request, approval, exc)
         editing = request.POST.get("form") == "edit"
         if editing:
             form = EditedArgsForm(request.POST, original=card["args"])

@@ -19,6 +19,7 @@ from django.utils import timezone
 from approvals.desk import duration_text
 from approvals.desk_models import DecisionSnapshot
 from approvals.models import ApprovalRequest, Decision
+from runs.models import Tenant
 
 ALL_TENANTS = object()
 STATS_DAYS = 30
@@ -49,28 +50,34 @@ def pending_by_tenant(tenant_ids, now: datetime.datetime | None = None) -> list[
     overdue and the oldest, oldest first."""
     now = now or timezone.now()
     hour_ago, day_ago = now - datetime.timedelta(hours=1), now - datetime.timedelta(1)
-    rows = (
+    rows = list(
         _scoped(ApprovalRequest.objects.filter(status="pending"), tenant_ids)
-        .values("tenant_id", "tenant__slug")
+        .values("tenant_id")
         .annotate(
-            total=Count("pk"),
-            under_1h=Count("pk", filter=Q(created_at__gt=hour_ago)),
+            # Counts of tenant_id, not of the id: index approval_pending_age
+            # holds every column used, so the scan need not visit the table.
+            total=Count("tenant"),
+            under_1h=Count("tenant", filter=Q(created_at__gt=hour_ago)),
             from_1h_to_24h=Count(
-                "pk", filter=Q(created_at__lte=hour_ago, created_at__gt=day_ago)
+                "tenant", filter=Q(created_at__lte=hour_ago, created_at__gt=day_ago)
             ),
-            over_24h=Count("pk", filter=Q(created_at__lte=day_ago)),
-            escalated=Count("pk", filter=Q(escalation_level__gt=0)),
-            overdue=Count("pk", filter=Q(due_at__lt=now)),
+            over_24h=Count("tenant", filter=Q(created_at__lte=day_ago)),
+            escalated=Count("tenant", filter=Q(escalation_level__gt=0)),
+            overdue=Count("tenant", filter=Q(due_at__lt=now)),
             oldest=Min("created_at"),
         )
         .order_by("oldest")
     )
-    result = []
+    # The slugs apart: grouping by the id alone is the cheaper aggregate.
+    slugs = dict(
+        Tenant.objects.filter(pk__in=[row["tenant_id"] for row in rows]).values_list(
+            "pk", "slug"
+        )
+    )
     for row in rows:
-        row["slug"] = row.pop("tenant__slug")
+        row["slug"] = slugs[row["tenant_id"]]
         row["oldest_waited"] = duration_text(now - row["oldest"])
-        result.append(row)
-    return result
+    return rows
 
 
 def totals(rows: list[dict]) -> dict[str, int]:

@@ -295,7 +295,9 @@ def opening_card(opening: RequestOpening, cipher: ThreadCipher) -> dict[str, Any
     return _verified(card, opening.content_hash, f"card of opening {opening.pk}")
 
 
-def opening_for(*, approval: ApprovalRequest, user, opening_id) -> RequestOpening:
+def opening_for(
+    *, approval: ApprovalRequest, user, opening_id
+) -> RequestOpening | None:
     """The user's own opening of this request, or None (an old or forged id)."""
     if not opening_id:
         return None

@@ -6,7 +6,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, IntegerField, Q, Value, When
 from django.utils import timezone
 
 from runs.models import Run, Tenant, TenantOwnedQuerySet, Thread
@@ -21,6 +21,15 @@ class Risk(models.TextChoices):
 class Gate(models.TextChoices):
     ACTION = "action", "Action"
     PLAN = "plan", "Plan"
+
+
+# The reviewer queue's first sort key: pending requests (0) before the rest
+# (1). Declared once, for the queue's ordering and for the index that serves it.
+PENDING_FIRST = Case(
+    When(status="pending", then=Value(0)),
+    default=Value(1),
+    output_field=IntegerField(),
+)
 
 
 class ApprovalRequest(models.Model):
@@ -78,6 +87,19 @@ class ApprovalRequest(models.Model):
             ),
             models.Index(
                 fields=["tenant", "status", "created_at"], name="approval_list"
+            ),
+            # The reviewer queue across tenants: pending first, soonest due
+            # first, in index order (the admin adds -pk for a stable order).
+            models.Index(
+                PENDING_FIRST, F("due_at"), F("id").desc(), name="approval_queue"
+            ),
+            # Waiting on a human: the oldest pending requests, and the counts
+            # per tenant and age from the index alone (an index-only scan).
+            models.Index(
+                fields=["created_at"],
+                include=["tenant", "due_at", "escalation_level"],
+                condition=Q(status="pending"),
+                name="approval_pending_age",
             ),
         ]
         ordering = ["-created_at"]

@@ -110,11 +110,18 @@ def start_refund(client, thread_id: str, **order) -> str:
 
 
 def wait_run(client, thread_id: str, run_id: str, status: str, timeout: float = 30):
+    """Poll the run over the API until it has `status`; the last body seen is
+    in the failure message."""
     from tests.workers import wait_for
 
     url = f"/api/v1/threads/{thread_id}/runs/{run_id}"
-    wait_for(
-        lambda: client.get(url).json()["status"] == status,
-        timeout=timeout,
-        what=f"run {run_id} to be {status}",
-    )
+    seen = {}
+
+    def reached() -> bool:
+        seen["body"] = client.get(url).json()
+        return seen["body"].get("status") == status
+
+    try:
+        wait_for(reached, timeout=timeout, what=f"run {run_id} to be {status}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {seen.get('body')}") from None

@@ -351,3 +351,25 @@ def test_deciding_a_decided_request_shows_the_conflict(tenant, reviewer):
     assert response.status_code == 409
     assert "already approved" in response.content.decode()
     assert Decision.objects.filter(request=approval).count() == 1
+
+
+def test_a_shredded_threads_request_says_its_content_is_gone(tenant, reviewer):
+    from runs.crypto import shred_thread
+
+    approval = waiting_request(tenant, thread_id="shredded")
+    client = logged_in(reviewer)
+    _, opening_id = open_card(client, approval)
+    shred_thread(thread=approval.thread)
+
+    queue = client.get(QUEUE).content.decode()
+    assert re.search(r'class="desk-unreadable">content deleted<', queue)
+    page = client.get(card_url(approval))
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "this request&#x27;s content is gone" in html
+    assert 'id="desk-approve"' not in html
+    response = client.post(
+        decide_url(approval), {"verdict": "approve", "opening": opening_id}
+    )
+    assert "content is gone" in response.content.decode()
+    assert not Decision.objects.exists()
