@@ -40,3 +40,14 @@ bench-resume: $(VENV)/.dev
 # database); `--scale 0.1` for a quick run: make bench-retention ARGS="--scale 0.1".
 bench-retention: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/retention.py $(ARGS)
+
+.PHONY: bench-admin screenshots
+
+# The reviewer queue and dashboard with 100,000 pending requests (own database).
+bench-admin: $(VENV)/.dev
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/admin_queue.py
+
+# Regenerate docs/screenshots/ from the browser tests (needs /usr/bin/chromium).
+screenshots: $(VENV)/.dev
+	DATABASE_URL=$(TEST_DATABASE_URL) GATEHOUSE_SCREENSHOT_DIR=docs/screenshots \
+		$(PY) -m pytest tests/e2e -q
