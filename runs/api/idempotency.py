@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.response import Response
+from rest_framework.utils.encoders import JSONEncoder
 
 from runs.api.errors import Conflict
 from runs.models import IdempotencyRecord
@@ -100,7 +101,10 @@ def idempotent(view_method):
             raise
         if 200 <= response.status_code < 300:
             record.response_status = response.status_code
-            record.response_body = response.data
+            # As the client received it: UUIDs, datetimes and decimals as strings.
+            record.response_body = json.loads(
+                json.dumps(response.data, cls=JSONEncoder)
+            )
             record.save(update_fields=["response_status", "response_body"])
         else:
             record.delete()

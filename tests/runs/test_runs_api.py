@@ -301,3 +301,16 @@ def test_approval_payload_is_ciphertext_at_rest():
     request = _open_request_for(tenant)
     raw = bytes(ApprovalRequest.objects.values_list("payload", flat=True).get(pk=request.pk))
     assert b"do_it" not in raw and b"affects" not in raw
+
+
+def test_idempotent_run_start_returns_the_same_run():
+    _, client = tenant_with_client()
+    client.post("/api/v1/threads", {"thread_id": "t1", "agent": "echo"}, format="json")
+    body = {"input": {"text": "hi"}}
+    first = client.post("/api/v1/threads/t1/runs", body, format="json",
+                        HTTP_IDEMPOTENCY_KEY="start-t1")
+    again = client.post("/api/v1/threads/t1/runs", body, format="json",
+                        HTTP_IDEMPOTENCY_KEY="start-t1")
+    assert first.status_code == again.status_code == 202
+    assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
+    assert Run.objects.filter(thread__thread_id="t1").count() == 1
