@@ -28,9 +28,9 @@ from audit.services import Actor, record
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
-from runs.graphs import compile_for, ensure_nodes_exist, spec_for, thread_config
+from runs.graphs import compiled, ensure_nodes_exist, spec_for, thread_config
 from runs.models import Checkpoint, Run, Thread
-from runs.services.runs import dispatch_next
+from runs.services.runs import dispatch_next, waiting_nodes
 from runs.signals import InterruptRejected, run_interrupted
 
 logger = logging.getLogger(__name__)
@@ -177,10 +177,11 @@ def _graph_input(run: Run, thread: Thread, cipher: ThreadCipher) -> tuple[Any, d
 
 def _invoke(run: Run, thread: Thread) -> Outcome:
     spec = spec_for(thread, run.agent_version)
-    graph = compile_for(thread, run.agent_version)
+    graph = compiled(spec, thread.tenant)
     if run.kind == Run.Kind.RESUME:
-        state = graph.get_state(thread_config(thread))
-        ensure_nodes_exist(graph, list(state.next), key=spec.key)
+        # The nodes recorded when the thread stopped: a graph that lost one of
+        # them would silently resume nothing.
+        ensure_nodes_exist(graph, waiting_nodes(thread), key=spec.key)
     cipher = ThreadCipher.for_thread(thread)
     graph_input, config = _graph_input(run, thread, cipher)
     context = RunContext(

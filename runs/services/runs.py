@@ -157,7 +157,8 @@ def run_start(
     )
 
 
-def _waiting_nodes(thread: Thread) -> list[str]:
+def waiting_nodes(thread: Thread) -> list[str]:
+    """The graph nodes the thread's last interrupted run stopped before."""
     last = (
         Run.objects.filter(thread=thread, status=Run.Status.INTERRUPTED)
         .order_by("-created_at")
@@ -192,7 +193,7 @@ def run_resume(
     spec = spec_for(thread)
     if not active:
         graph = compiled(spec, thread.tenant)
-        ensure_nodes_exist(graph, _waiting_nodes(thread), key=spec.key)
+        ensure_nodes_exist(graph, waiting_nodes(thread), key=spec.key)
     return _queue(thread=thread, kind=Run.Kind.RESUME, actor=actor, resume_value=resume)
 
 
