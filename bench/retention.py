@@ -8,14 +8,14 @@ checkpoints across 10,000 threads (100 each, with one channel blob and two
 pending writes per checkpoint, as ciphertext-sized random bytes) with COPY,
 then measures:
 
-1. the p99 latency of concurrent checkpoint writes without a sweep: writer
-   processes running the checkpoint benchmark's workload (DjangoSaver `put`
-   and `put_writes`, messages of ~500 bytes), paced at a steady rate as live
-   runs write;
-2. the same while the expiry job (`retention_run expire_threads`, its own
-   process, as a Celery worker would run it) removes the whole backlog, and
-   the job's checkpoints removed per second under that load;
-3. the job's rate alone, on a freshly loaded backlog.
+1. the expiry job (the `expire_threads` job, in its own process, as a Celery
+   worker would run it) removing the whole backlog in windows of a few
+   seconds with pauses between them, while writer processes run the
+   checkpoint benchmark's workload (DjangoSaver `put` and `put_writes`,
+   messages of ~500 bytes) all along, paced at a steady rate as live runs
+   write: its checkpoints removed per second under that load, and the p99
+   latency of the writes during the windows and during the pauses;
+2. the job's rate alone, on a freshly loaded backlog.
 
 `--scale 0.1` loads a tenth (100,000 checkpoints). Results go to the
 "Retention" section of docs/benchmarks.md (`--no-doc` to skip).
@@ -48,6 +48,8 @@ CHECKPOINTS_PER_THREAD = 100
 THREADS_AT_SCALE_1 = 10_000
 TARGET_ROWS_PER_SECOND = 20_000
 TARGET_P99_RATIO = 2.0
+# Writes in the first seconds (connections, caches) count in neither set.
+WARM_UP_SECONDS = 2.0
 
 
 # --- database and Django ---------------------------------------------------------
@@ -216,16 +218,33 @@ def _child(env: dict[str, str], *args: str) -> dict:
 
 
 def run_sweep(batch_size: int | None) -> dict:
+    """The whole backlog in one job run."""
     from retention.jobs import job_run
 
     report = job_run("expire_threads", batch_size=batch_size)
-    return {
-        "seconds": report.seconds,
-        "threads": report.totals["threads_expired"],
-        "checkpoints": report.totals["checkpoints"],
-        "blobs": report.totals["channel_blobs"],
-        "writes": report.totals["pending_writes"],
-    }
+    return {"seconds": report.seconds, "checkpoints": report.totals["checkpoints"]}
+
+
+def run_alternating(batch_size: int | None, window: float) -> dict:
+    """Pause and sweep in turns of `window` seconds until the backlog is gone.
+
+    Each sweep window is one job run with a time budget (it stops between
+    batches); the wall-clock bounds of the windows let the writers' calls be
+    told apart: during a sweep, or not.
+    """
+    from retention.jobs import job_run
+
+    windows = []
+    while True:
+        time.sleep(window)
+        started = time.time()
+        report = job_run("expire_threads", batch_size=batch_size, time_budget=window)
+        removed = report.totals["checkpoints"]
+        if not removed:
+            break
+        windows.append((started, time.time(), removed))
+    time.sleep(window)
+    return {"windows": windows}
 
 
 def run_writer(seconds: float, rate: float, stop_file: str, seed: int) -> dict:
@@ -237,7 +256,7 @@ def run_writer(seconds: float, rate: float, stop_file: str, seed: int) -> dict:
 
     tenant = Tenant.objects.create(slug=f"live-{uuid.uuid4().hex[:8]}", name="live")
     saver = DjangoSaver(tenant=tenant)
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     interval = 1.0 / rate
     deadline = time.monotonic() + seconds
     next_call = time.monotonic()
@@ -253,12 +272,13 @@ def run_writer(seconds: float, rate: float, stop_file: str, seed: int) -> dict:
             if pause > 0:
                 time.sleep(pause)
             next_call += interval
+            at = time.time()
             started = time.perf_counter()
             if call == "put":
                 workload.parent = saver.put(config, checkpoint, metadata, new_versions)
             else:
                 saver.put_writes(workload.parent, step_writes, str(uuid.uuid4()))
-            latencies.append(time.perf_counter() - started)
+            latencies.append((at, time.perf_counter() - started))
         steps += 1
     return {"latencies": latencies}
 
@@ -285,13 +305,15 @@ def _start_writers(env, count: int, seconds: float, rate: float, stop_file: str)
     ]
 
 
-def _collect(writers) -> list[float]:
-    latencies: list[float] = []
+def _collect(writers) -> list[tuple[float, float]]:
+    latencies: list[tuple[float, float]] = []
     for writer in writers:
         out, err = writer.communicate(timeout=1800)
         if writer.returncode != 0:
             raise SystemExit(f"writer failed:\n{err}")
-        latencies += json.loads(out.strip().splitlines()[-1])["latencies"]
+        latencies += [
+            tuple(pair) for pair in json.loads(out.splitlines()[-1])["latencies"]
+        ]
     return latencies
 
 
@@ -310,34 +332,36 @@ def measure(args, env: dict[str, str]) -> dict:
     results.update(checkpoints=checkpoints, load_seconds=seconds)
     print(f"loaded {checkpoints:,} expired checkpoints in {seconds:.0f} s")
 
+    # Writers all along; the sweep in windows, with pauses of the same length
+    # between them: a busy moment of the machine falls on both alike.
     stop_file = tempfile.mktemp(prefix="gatehouse-bench-stop-")
-    writers = _start_writers(env, args.writers, args.baseline, args.rate, stop_file)
-    baseline = _collect(writers)
-    results["baseline"] = baseline
-    print(
-        f"writes without a sweep: {len(baseline)} calls, p99 "
-        f"{percentile(baseline, 0.99) * 1000:.2f} ms"
-    )
-
     writers = _start_writers(env, args.writers, 3600, args.rate, stop_file)
-    time.sleep(2)  # writers warmed up before the sweep starts
     batch = ["--batch-size", str(args.batch_size)] if args.batch_size else []
     try:
-        swept = _child(env, "--sweep", *batch)
+        windows = _child(env, "--alternate", str(args.window), *batch)["windows"]
     finally:
         Path(stop_file).touch()
-    during = _collect(writers)
+    calls = _collect(writers)
     os.unlink(stop_file)
-    results["during"] = during
-    results["sweep_loaded"] = swept
-    print(
-        f"sweep under load: {swept['checkpoints']:,} checkpoints in "
-        f"{swept['seconds']:.1f} s = {swept['checkpoints'] / swept['seconds']:,.0f}/s; "
-        f"writes meanwhile: {len(during)} calls, p99 "
-        f"{percentile(during, 0.99) * 1000:.2f} ms"
+    first = windows[0][0] - args.window + WARM_UP_SECONDS
+    during = [lat for at, lat in calls if _inside(at, windows)]
+    without = [lat for at, lat in calls if at >= first and not _inside(at, windows)]
+    removed = sum(count for _, _, count in windows)
+    sweeping = sum(end - start for start, end, _ in windows)
+    results.update(
+        baseline=without,
+        during=during,
+        windows=len(windows),
+        sweep_loaded={"checkpoints": removed, "seconds": sweeping},
     )
-    if swept["checkpoints"] != checkpoints:
-        raise SystemExit(f"the sweep removed {swept['checkpoints']} of {checkpoints}")
+    print(
+        f"sweep beside the writes: {removed:,} checkpoints in {sweeping:.1f} s "
+        f"({len(windows)} windows) = {removed / sweeping:,.0f}/s; write p99 "
+        f"{percentile(without, 0.99) * 1000:.2f} ms between the windows, "
+        f"{percentile(during, 0.99) * 1000:.2f} ms during them"
+    )
+    if removed != checkpoints:
+        raise SystemExit(f"the sweep removed {removed} of {checkpoints}")
 
     _load(env, threads)
     alone = _child(env, "--sweep", *batch)
@@ -347,6 +371,10 @@ def measure(args, env: dict[str, str]) -> dict:
         f"{alone['seconds']:.1f} s = {alone['checkpoints'] / alone['seconds']:,.0f}/s"
     )
     return results
+
+
+def _inside(at: float, windows) -> bool:
+    return any(start <= at <= end for start, end, _ in windows)
 
 
 # --- report ------------------------------------------------------------------------
@@ -405,9 +433,12 @@ def report(args, env, results: dict) -> str:
         "`thread.deleted` tombstone per thread).",
         f"- Writes: {args.writers} writer processes running the checkpoint "
         "benchmark's workload (DjangoSaver `put` + `put_writes`, ~500-byte "
-        f"messages, a window of 20), each paced at {args.rate:g} calls/s; p99 of "
-        f"every call, {args.baseline:g} s without the sweep, then for the whole "
-        "sweep.",
+        f"messages, a window of 20), each paced at {args.rate:g} calls/s, all "
+        f"along; the sweep runs in {results['windows']} windows of "
+        f"{args.window:g} s (one job run with that time budget each) with pauses "
+        "of the same length between them, so that whatever else loads the "
+        "machine falls on both sets alike. Each call counts as *with the sweep* "
+        "when it started inside a window, *without* when it started in a pause.",
         "",
         "| measure | value |",
         "|---|---:|",
@@ -441,22 +472,27 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="of 10,000 threads")
     parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--rate", type=float, default=50, help="calls/s per writer")
-    parser.add_argument("--baseline", type=float, default=30, help="seconds")
+    parser.add_argument(
+        "--window", type=float, default=5, help="seconds of each sweep and pause"
+    )
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the database")
     parser.add_argument("--no-doc", action="store_true")
     # Child process modes.
     parser.add_argument("--load", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--sweep", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--alternate", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--write", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    if args.load is not None or args.sweep or args.write:
+    if args.load is not None or args.sweep or args.alternate or args.write:
         _setup_django(dict(os.environ))
         if args.load is not None:
             print(json.dumps({"checkpoints": load_backlog(args.load)}))
         elif args.sweep:
             print(json.dumps(run_sweep(args.batch_size)))
+        elif args.alternate:
+            print(json.dumps(run_alternating(args.batch_size, args.alternate)))
         else:
             seconds, rate, stop_file, seed = args.write
             print(
