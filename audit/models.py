@@ -25,6 +25,9 @@ class AuditSequence(models.Model):
 
     tenant = models.OneToOneField(Tenant, on_delete=models.PROTECT, primary_key=True)
     last_seq = models.BigIntegerField(default=0)
+    # The time of the last event: the next one is never stamped earlier, so
+    # within a tenant, time order and sequence order are the same order.
+    last_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.tenant}: {self.last_seq}"
@@ -59,7 +62,11 @@ class AuditEvent(models.Model):
             )
         ]
         indexes = [
-            models.Index(fields=["tenant", "occurred_at"], name="audit_tenant_time"),
+            # Serves time ranges in the API's order with no sort: a day's
+            # first page reads 51 index entries, however big the tenant.
+            models.Index(
+                fields=["tenant", "occurred_at", "seq"], name="audit_tenant_time_seq"
+            ),
             models.Index(
                 fields=["tenant", "thread_id", "seq"], name="audit_tenant_thread"
             ),

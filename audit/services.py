@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Min
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from audit import events, sealing
@@ -63,29 +64,41 @@ class Actor:
         return cls(type=ActorType.AGENT, id=name, label=f"agent {name}")
 
 
-def _next_seq(tenant_id: int) -> int:
-    """The tenant's next sequence number; its row stays locked until commit.
+def _next_seq(tenant_id: int, now: datetime.datetime) -> tuple[int, datetime.datetime]:
+    """The tenant's next sequence number and the event's time.
 
-    One UPDATE ... RETURNING both takes the lock and reads the number. The
-    lock is what makes committed numbers gap-free (see AuditSequence).
+    The UPDATE takes the tenant's sequence row lock, held until commit: that
+    is what makes committed numbers gap-free (see AuditSequence). The time is
+    `now`, or the previous event's time if a clock went back (another server,
+    an NTP step), so that time order and sequence order never disagree.
     """
-    table = connection.ops.quote_name(AuditSequence._meta.db_table)
-    sql = (
-        f"UPDATE {table} SET last_seq = last_seq + 1 "
-        "WHERE tenant_id = %s RETURNING last_seq"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [tenant_id])
-        row = cursor.fetchone()
-        if row is None:
-            # The tenant's first event. Two first events may race here; the
-            # conflict-ignoring insert lets both go on to the UPDATE.
-            AuditSequence.objects.bulk_create(
-                [AuditSequence(tenant_id=tenant_id)], ignore_conflicts=True
+    sequences = AuditSequence.objects.filter(tenant_id=tenant_id)
+    for _attempt in range(2):
+        if connection.vendor == "postgresql":
+            # One statement: bump, clamp and read back (GREATEST skips NULL).
+            table = connection.ops.quote_name(AuditSequence._meta.db_table)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {table} SET last_seq = last_seq + 1, "
+                    "last_at = GREATEST(last_at, %s) WHERE tenant_id = %s "
+                    "RETURNING last_seq, last_at",
+                    [now, tenant_id],
+                )
+                row = cursor.fetchone()
+        else:
+            bumped = sequences.update(
+                last_seq=F("last_seq") + 1,
+                last_at=Greatest(Coalesce("last_at", Value(now)), Value(now)),
             )
-            cursor.execute(sql, [tenant_id])
-            row = cursor.fetchone()
-    return row[0]
+            row = sequences.values_list("last_seq", "last_at").get() if bumped else None
+        if row is not None:
+            return row
+        # The tenant's first event. Two first events may race here; the
+        # conflict-ignoring insert lets both go on to the UPDATE.
+        AuditSequence.objects.bulk_create(
+            [AuditSequence(tenant_id=tenant_id)], ignore_conflicts=True
+        )
+    raise RuntimeError(f"no audit sequence row for tenant {tenant_id}")
 
 
 def record(
@@ -116,13 +129,11 @@ def record(
     }
     summary = declared.summarise(**context)
     with transaction.atomic():
-        seq = _next_seq(tenant.pk)
-        # Stamped after the sequence lock is taken, so that within a tenant
-        # time never goes backwards as the sequence goes forwards.
+        seq, occurred_at = _next_seq(tenant.pk, timezone.now())
         return AuditEvent.objects.create(
             tenant=tenant,
             seq=seq,
-            occurred_at=timezone.now(),
+            occurred_at=occurred_at,
             actor_type=actor.type,
             actor_id=str(actor.id)[:64],
             actor_label=actor.label[:200],
@@ -208,10 +219,14 @@ def purge_before(
     # Waits for a sealer of this tenant to finish; no new block appears while
     # the purge decides where to cut.
     AuditChainHead.objects.select_for_update().get(tenant=tenant)
+    # Time order is sequence order (see _next_seq): the first event at or
+    # after `before` bounds what may go.
     first_recent = (
         AuditEvent.objects.for_tenant(tenant)
         .filter(occurred_at__gte=before)
-        .aggregate(seq=Min("seq"))["seq"]
+        .order_by("occurred_at", "seq")
+        .values_list("seq", flat=True)
+        .first()
     )
     candidates = AuditBlock.objects.for_tenant(tenant)
     if first_recent is not None:

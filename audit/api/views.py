@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit import export, selectors, services
+from audit.api.pagination import AuditEventPagination
 from audit.api.serializers import (
     AuditEventSerializer,
     EventFilterSerializer,
@@ -23,7 +24,6 @@ from audit.api.serializers import (
     VerificationSerializer,
 )
 from audit.models import AuditEvent
-from runs.api.pagination import CursorPagination
 from runs.models import Scope
 
 
@@ -71,20 +71,6 @@ class JsonErrors:
             request.accepted_renderer = JSONRenderer()
             request.accepted_media_type = JSONRenderer.media_type
         return super().finalize_response(request, response, *args, **kwargs)
-
-
-class AuditEventPagination(CursorPagination):
-    # seq is unique within a tenant: a stable order that new events only
-    # ever extend at the end.
-    ordering = "seq"
-
-    def decode_cursor(self, request):
-        try:
-            return super().decode_cursor(request)
-        except exceptions.NotFound:
-            raise exceptions.ValidationError(
-                {"cursor": ["is not a cursor this API handed out."]}
-            ) from None
 
 
 FORMAT_PARAMETER = OpenApiParameter(

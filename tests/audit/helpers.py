@@ -12,7 +12,11 @@ from audit.models import AuditEvent, AuditSequence
 from runs.models import Tenant
 
 UTC = datetime.UTC
-BASE_TIME = datetime.datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+# After every event the tests record for real (tenant and key creation), so
+# that bulk events keep time order equal to sequence order, as record() does.
+BASE_TIME = datetime.datetime.now(UTC).replace(microsecond=0) + datetime.timedelta(
+    days=400
+)
 
 
 def event_fields(seq: int) -> dict:
@@ -40,7 +44,8 @@ def add_events(
 ) -> range:
     """Append `count` events after the tenant's last one, with COPY; the seqs.
 
-    The tenant's sequence counter moves on as record() would have moved it.
+    The tenant's sequence counter moves on as record() would have moved it,
+    and so does its last time (when the new events are later).
     """
     with transaction.atomic():
         sequence, _ = AuditSequence.objects.select_for_update().get_or_create(
@@ -48,6 +53,7 @@ def add_events(
         )
         first = sequence.last_seq + 1
         seqs = range(first, first + count)
+        last_at = sequence.last_at
         columns = [
             "tenant_id",
             "seq",
@@ -88,7 +94,9 @@ def add_events(
                             json.dumps(values["data"]),
                         ]
                     )
-        AuditSequence.objects.filter(tenant=tenant).update(last_seq=seqs[-1])
+        AuditSequence.objects.filter(tenant=tenant).update(
+            last_seq=seqs[-1], last_at=last_at
+        )
     return seqs
 
 

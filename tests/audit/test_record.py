@@ -1,8 +1,10 @@
 """record(): sequence numbers, actors, and the rule on personal data."""
 
+import datetime
 import decimal
 
 import pytest
+import time_machine
 from django.db import transaction
 
 from audit import events
@@ -58,6 +60,21 @@ def test_time_never_goes_backwards_as_the_sequence_goes_forwards():
         .values_list("occurred_at", flat=True)
     )
     assert times == sorted(times)
+
+
+def test_a_clock_going_back_does_not_take_the_trail_back():
+    """Another server's clock, or an NTP step: time order stays seq order."""
+    tenant = make_tenant()
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=2)
+    with time_machine.travel(later, tick=False):
+        first = record(tenant=tenant, kind=events.TENANT_CREATED, actor=SYSTEM,
+                       data={"slug": "x"})  # fmt: skip
+    second = record(tenant=tenant, kind=events.TENANT_CREATED, actor=SYSTEM,
+                    data={"slug": "x"})  # fmt: skip
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.occurred_at == later
+    assert second.seq == first.seq + 1 and second.occurred_at == later
 
 
 def test_undeclared_kind_is_refused():
