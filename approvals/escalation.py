@@ -289,8 +289,15 @@ def approval_expire(
 # --- the sweeps ---------------------------------------------------------------------
 
 
+# Each request's work takes up to four savepoints (its own, its audit event's,
+# a resume's and that one's event); Postgres slows every session's snapshots
+# once a transaction has more than 64 subtransactions.
+MAX_BATCH = 15
+
+
 def _batch(queryset, batch_size: int, dry_run: bool) -> list[ApprovalRequest]:
     """The next batch, locked unless this is a dry run (which changes nothing)."""
+    batch_size = min(batch_size, MAX_BATCH)
     queryset = queryset.select_related("tenant", "thread", "run")
     if not dry_run:
         queryset = queryset.select_for_update(skip_locked=True, of=("self",))
@@ -344,7 +351,7 @@ def _describe(approval: ApprovalRequest, what: str, why: str = "") -> str:
 def approvals_escalate(
     *,
     now: datetime | None = None,
-    batch_size: int = 100,
+    batch_size: int = 50,
     dry_run: bool = False,
     deadline: float | None = None,
     progress: Callable[[int], None] | None = None,
@@ -399,7 +406,7 @@ def approvals_escalate(
 
 def approvals_close_orphaned(
     *,
-    batch_size: int = 100,
+    batch_size: int = 50,
     dry_run: bool = False,
     deadline: float | None = None,
     progress: Callable[[int], None] | None = None,

@@ -427,7 +427,7 @@ def report(args, env, results: dict) -> str:
         f"{results['checkpoints'] * 4:,} rows), loaded with COPY in "
         f"{results['load_seconds']:.0f} s and vacuumed.",
         "- Sweep: the `expire_threads` job in its own process, batches of "
-        f"{args.batch_size or os.environ.get('GATEHOUSE_RETENTION_BATCH_SIZE', 100)} "
+        f"{args.batch_size or os.environ.get('GATEHOUSE_RETENTION_BATCH_SIZE', 50)} "
         "threads, each one transaction "
         "(threads locked SKIP LOCKED, keys shredded, rows deleted, one "
         "`thread.deleted` tombstone per thread).",

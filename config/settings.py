@@ -264,8 +264,10 @@ GATEHOUSE_APPROVAL_EXPIRE_AFTER_HOURS = env.int(
     "GATEHOUSE_APPROVAL_EXPIRE_AFTER_HOURS", default=24
 )
 # Rows (threads, approvals, requests) each retention batch takes; one batch is
-# one short transaction.
-GATEHOUSE_RETENTION_BATCH_SIZE = env.int("GATEHOUSE_RETENTION_BATCH_SIZE", default=100)
+# one short transaction. Every audit event is a savepoint: a batch stays under
+# the 64 subtransactions Postgres tracks per transaction without slowing every
+# other session's snapshots.
+GATEHOUSE_RETENTION_BATCH_SIZE = env.int("GATEHOUSE_RETENTION_BATCH_SIZE", default=50)
 # A scheduled retention job stops after this long and the next run goes on, so
 # runs of one job do not pile up; `manage.py retention_run` has no limit.
 GATEHOUSE_RETENTION_TIME_BUDGET_SECONDS = env.int(

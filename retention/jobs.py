@@ -99,7 +99,7 @@ def expirable_threads(tenant: Tenant, now: datetime):
 def expire_threads(
     *,
     now: datetime | None = None,
-    batch_size: int = 100,
+    batch_size: int = 50,
     dry_run: bool = False,
     deadline: float | None = None,
     progress: Progress | None = None,
@@ -177,7 +177,7 @@ def _over_limit(thread_pks: list[int], keep: int) -> list[int]:
 def prune_checkpoints(
     *,
     now: datetime | None = None,
-    batch_size: int = 100,
+    batch_size: int = 50,
     dry_run: bool = False,
     deadline: float | None = None,
     progress: Progress | None = None,
@@ -274,7 +274,7 @@ def close_orphaned_approvals(*, now=None, **options) -> SweepResult:
 def carry_out_deletions(
     *,
     now: datetime | None = None,
-    batch_size: int = 100,
+    batch_size: int = 50,
     dry_run: bool = False,
     deadline: float | None = None,
     progress: Progress | None = None,
@@ -344,7 +344,7 @@ def _plan_deletion(result: SweepResult, request: DeletionRequest) -> None:
 def recover_runs(
     *,
     now: datetime | None = None,
-    batch_size: int = 100,
+    batch_size: int = 50,
     dry_run: bool = False,
     deadline: float | None = None,
     progress: Progress | None = None,
@@ -378,7 +378,7 @@ def recover_runs(
 def seal_audit(
     *,
     now: datetime | None = None,
-    batch_size: int = 100,
+    batch_size: int = 50,
     dry_run: bool = False,
     deadline: float | None = None,
     progress: Progress | None = None,
@@ -410,7 +410,7 @@ def seal_audit(
 def purge_audit(
     *,
     now: datetime | None = None,
-    batch_size: int = 100,
+    batch_size: int = 50,
     dry_run: bool = False,
     deadline: float | None = None,
     progress: Progress | None = None,

@@ -709,7 +709,7 @@ class CarryOutStep:
 
 
 def deletion_carry_out(
-    *, request: DeletionRequest, batch_size: int = 100
+    *, request: DeletionRequest, batch_size: int = 50
 ) -> CarryOutStep | None:
     """One step of a request: remove up to `batch_size` of its threads.
 
