@@ -311,6 +311,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self.using = using or DEFAULT_DB_ALIAS
         # thread_id -> (pk, cipher) of the thread row this saver wrote to.
         self._written_threads: dict[str, tuple[int, ThreadCipher]] = {}
+        # The pks of the threads this saver created.
+        self._created_threads: set[int] = set()
 
     def with_allowlist(self, extra_allowlist: Iterable[tuple[str, ...]]) -> DjangoSaver:
         """LangGraph's hook for the types a graph's state declares."""
@@ -329,6 +331,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone = copy.copy(self)
         clone.tenant = tenant
         clone._written_threads = {}
+        clone._created_threads = set()
         return clone
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
@@ -398,8 +401,12 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             )
             if row is not None:
                 return self._live_thread(row)
+            if pinned[0] not in self._created_threads:
+                raise ThreadDeleted(
+                    f"thread {thread_id!r} was deleted; refusing a late write to it"
+                )
             # Not visible: created by a write of this saver that has not
-            # committed yet (LangGraph writes from several threads), or gone.
+            # committed yet (LangGraph writes from several threads at once).
         live = self._threads().filter(thread_id=thread_id, deleted_at__isnull=True)
         row = self._fetch_locked(live, self._THREAD_FIELDS)
         created = False
@@ -414,6 +421,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 )
             row, created = self._create_thread(thread_id, live)
         thread = self._live_thread(row)
+        if created:
+            self._created_threads.add(thread.pk)
         if pinned is not None and thread.pk != pinned[0] and not created:
             raise ThreadDeleted(
                 f"thread {thread_id!r} was deleted and its id given to a new "
@@ -453,10 +462,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
     # --- writes -------------------------------------------------------------------
     #
     # The first write of a saver to a thread looks the thread up (creating it if
-    # need be) in a transaction. Later writes to it go in one round trip on
-    # Postgres: a pipeline that locks the thread row FOR KEY SHARE and inserts
-    # only if the thread is still alive, so a shredded or deleted thread gets
-    # nothing, and the caller a ThreadDeleted.
+    # need be) in a transaction. Later writes to it are one statement on
+    # Postgres, which locks the thread row FOR KEY SHARE and inserts only if the
+    # thread is still alive; otherwise the transactional path runs and tells a
+    # deleted thread (ThreadDeleted) from one not yet committed.
 
     def put(
         self,
@@ -511,9 +520,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         known = self._written_threads.get(thread_id)
         if not (
             known is not None
-            and self._pipelined
+            and self._on_postgres
             and not plan.uses_delta
-            and self._put_pipelined(*known, plan)
+            and self._put_in_one_statement(*known, plan)
         ):
             self._put_in_transaction(thread_id, plan)
         return {
@@ -594,7 +603,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             if plan.uses_delta:
                 self._mark_delta(thread)
 
-    def _put_pipelined(
+    def _put_in_one_statement(
         self, thread_pk: int, cipher: ThreadCipher, plan: _PutPlan
     ) -> bool:
         sealed = self._seal_put(cipher, plan)
@@ -633,7 +642,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         return alive == 1
 
     @property
-    def _pipelined(self) -> bool:
+    def _on_postgres(self) -> bool:
         return connections[self.using].vendor == "postgresql"
 
     def put_writes(
@@ -677,7 +686,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
         _bind_thread_connection(self.using)
         known = self._written_threads.get(thread_id)
-        if known is not None and self._pipelined:
+        if known is not None and self._on_postgres:
             thread_pk, cipher = known
             params: list[Any] = [thread_pk, ns, checkpoint_id, task_id, task_path]
             for row in seal(cipher):
@@ -743,7 +752,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         if checkpoint_id := get_checkpoint_id(config):
             where += " AND c.checkpoint_id = %s"
             params += (checkpoint_id,)
-        if self._pipelined:
+        if self._on_postgres:
             rows = self._query([(_pg_get_tuple_statement(where), params)])[0]
             if not rows:
                 return None
@@ -831,7 +840,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         """Run read statements; on Postgres prepared, with binary results."""
         connection = connections[self.using]
         results = []
-        if not self._pipelined:
+        if not self._on_postgres:
             with connection.cursor() as cursor:
                 for sql, params in statements:
                     cursor.execute(sql, params)

@@ -476,6 +476,19 @@ def test_a_late_write_does_not_land_in_a_new_thread_with_the_same_id():
 
 
 @pytest.mark.django_db
+def test_a_late_write_cannot_recreate_a_thread_whose_row_is_gone():
+    tenant = make_tenant()
+    thread = Thread.objects.create_with_data_key(tenant=tenant, thread_id="a")
+    in_flight = DjangoSaver(tenant=tenant)
+    stored = put_checkpoint(in_flight, "a", {"text": "hello"})
+    Thread.objects.filter(pk=thread.pk).delete()  # tombstone purged, rows gone
+
+    with pytest.raises(ThreadDeleted):
+        in_flight.put_writes(stored, [("text", "late")], "task-1")
+    assert not Thread.objects.exists()
+
+
+@pytest.mark.django_db
 def test_a_thread_under_legal_hold_cannot_be_deleted():
     saver = DjangoSaver(tenant=make_tenant())
     put_checkpoint(saver, "a", {"text": "kept"})
