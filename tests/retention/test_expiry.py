@@ -12,7 +12,7 @@ from retention.jobs import job_run
 from retention.models import ThreadRemoval
 from retention.services import legal_hold_lift, legal_hold_place, retention_policy_set
 from runs.crypto import ThreadCipher, ThreadDeleted
-from runs.models import Run, Thread, ToolCall
+from runs.models import Checkpoint, Run, Thread, ToolCall
 from tests.factories import make_tenant
 from tests.retention.helpers import TESTS, content_rows, make_thread
 
@@ -107,18 +107,27 @@ def test_a_tenant_wide_hold_keeps_every_thread_of_the_tenant():
 
 
 def test_recent_activity_and_active_runs_keep_a_thread_alive():
+    """Checkpoints are written in real time here: LangGraph's checkpoint ids
+    come from a clock that must not be sent into the future (later ids of
+    this process would sort after other processes' newer ones)."""
     tenant = make_tenant()
     retention_policy_set(tenant=tenant, actor=TESTS, checkpoint_ttl_days=30)
     touched = make_thread(tenant, "touched", steps=1)
     running = make_thread(tenant, "running", steps=1)
     Run.objects.filter(thread=running).update(status=Run.Status.RUNNING)
-    with later(days=20):
-        from tests.retention.helpers import write_checkpoints
-
-        write_checkpoints(touched, 1)
-    with later(days=35):
-        assert expire().totals["threads_expired"] == 0
-    with later(days=51):
+    now = timezone.now()
+    # Both rows quiet for 40 days; a checkpoint of "touched" is 10 days old.
+    Thread.objects.filter(pk__in=[touched.pk, running.pk]).update(
+        updated_at=now - timedelta(days=40)
+    )
+    Checkpoint.objects.filter(thread=running).update(
+        created_at=now - timedelta(days=40)
+    )
+    Checkpoint.objects.filter(thread=touched).update(
+        created_at=now - timedelta(days=10)
+    )
+    assert expire().totals["threads_expired"] == 0
+    with later(days=21):
         assert expire().totals["threads_expired"] == 1
     assert Thread.objects.get(pk=touched.pk).deleted_at is not None
     assert Thread.objects.get(pk=running.pk).deleted_at is None
