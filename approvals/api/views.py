@@ -27,8 +27,12 @@ FILTERS = {
 
 
 def _tenant_requests(request):
-    return ApprovalRequest.objects.for_tenant(request.principal.tenant).select_related(
-        "thread", "thread__tenant"
+    # A deleted thread's requests went with it: their payloads are unreadable,
+    # and like the thread itself they answer 404.
+    return (
+        ApprovalRequest.objects.for_tenant(request.principal.tenant)
+        .filter(thread__deleted_at__isnull=True)
+        .select_related("thread", "thread__tenant")
     )
 
 

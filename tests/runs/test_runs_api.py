@@ -314,3 +314,14 @@ def test_idempotent_run_start_returns_the_same_run():
     assert first.status_code == again.status_code == 202
     assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
     assert Run.objects.filter(thread__thread_id="t1").count() == 1
+
+
+def test_approvals_of_a_deleted_thread_answer_404():
+    tenant, client = tenant_with_client()
+    request = _open_request_for(tenant)
+    assert client.delete(f"/api/v1/threads/{request.thread.thread_id}").status_code == 202
+    assert_error(client.get(f"/api/v1/approvals/{request.id}"), 404, "not_found")
+    response = client.post(f"/api/v1/approvals/{request.id}/decision",
+                           {"approved": True}, format="json")
+    assert_error(response, 404, "not_found")
+    assert client.get("/api/v1/approvals").json()["results"] == []
