@@ -625,7 +625,7 @@ def report(args, writes, sizes, latencies, encode_ms: float) -> str:
         "moment of the machine falls on all of them; reads take turns call by "
         "call.",
         "",
-        "| store | writes/s (median) | DjangoSaver ratio | get_tuple median | "
+        "| store | writes/s (median) | DjangoSaver ÷ this (writes) | get_tuple median | "
         "get_tuple p95 | bytes per checkpoint |",
         "|---|---:|---:|---:|---:|---:|",
     ]
