@@ -18,10 +18,8 @@ ROLE_SCOPES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({Scope.RUNS, Scope.AUDIT}),
     ),
     Role.AUDITOR: (frozenset(), frozenset({Scope.RUNS, Scope.APPROVALS, Scope.AUDIT})),
-    Role.TENANT_ADMIN: (
-        frozenset({Scope.RUNS, Scope.APPROVALS}),
-        frozenset({Scope.AUDIT}),
-    ),
+    # Manages keys, members and policies; deciding is for reviewers.
+    Role.TENANT_ADMIN: (frozenset({Scope.RUNS}), frozenset({Scope.AUDIT})),
 }
 
 

@@ -228,3 +228,10 @@ def test_auditor_role_cannot_write():
     principal = Principal.for_membership(membership)
     assert principal.can("audit", write=False)
     assert not principal.can("approvals", write=True)
+
+
+def test_tenant_admin_cannot_decide_approvals_over_the_api():
+    membership = make_member(make_tenant(), role="tenant_admin")
+    client = api_client()
+    client.force_login(membership.user)
+    assert_error(client.get("/api/v1/approvals"), 403, "permission_denied")
