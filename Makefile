@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The suite runs against the real Postgres and Redis.
 export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gatehouse
 
-.PHONY: run test lint bench-checkpoints bench-resume
+.PHONY: run test lint bench-checkpoints bench-resume bench-audit
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -51,3 +51,6 @@ bench-admin: $(VENV)/.dev
 screenshots: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) GATEHOUSE_SCREENSHOT_DIR=docs/screenshots \
 		$(PY) -m pytest tests/e2e -q
+
+bench-audit: $(VENV)/.dev
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/audit.py

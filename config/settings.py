@@ -210,6 +210,9 @@ CELERY_TASK_ALWAYS_EAGER = False
 # Parsed and validated in runs.crypto (and nowhere else).
 GATEHOUSE_MASTER_KEYS = env.str("GATEHOUSE_MASTER_KEYS", default="")
 GATEHOUSE_MASTER_KEY_FILE = VAR_DIR / "master.key"
+# Key of the audit trail's argument digests (audit.redaction); unset, derived
+# from SECRET_KEY. Set it to keep digests comparable across a SECRET_KEY rotation.
+GATEHOUSE_AUDIT_DIGEST_KEY = env.str("GATEHOUSE_AUDIT_DIGEST_KEY", default="")
 
 # Agents bundled with Gatehouse, as name@version -> "module:factory".
 GATEHOUSE_BUILTIN_AGENTS = {"refund@1": "runs.agents.refund:build_graph"}
