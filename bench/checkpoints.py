@@ -571,27 +571,36 @@ def _percentile(samples: list[float], fraction: float) -> float:
 READING_NOTE = """\
 Reading these figures:
 
-- Every store here commits each `put` and each `put_writes` on its own, so on
-  this shared 2-core machine their write rates are bound by the database's
-  commit latency more than by their own work. DjangoSaver's own work before
-  the database (serialise, compress with zstd, encrypt) is the fixed CPU cost
-  stated above, about 0.3 ms per call at these sizes; that is the gap to the
-  floor that no database tuning closes. On an idle machine commits are
-  cheaper and that fixed cost weighs more against the floor; what would cut
-  it is not re-serialising and re-compressing the whole message history at
-  every step (a LangGraph `DeltaChannel` for the messages, which stores each
-  step's new messages only).
+- Every store here commits each `put` and each `put_writes` on its own, so
+  their write rates follow the database's commit latency, and the machine's
+  load: under load the stores converge, on an idle machine the floor pulls
+  ahead. The gap to the floor is, per call: DjangoSaver's own encoding (the
+  time stated above); the foreign keys from its rows to their thread, which
+  Postgres checks at commit (measured apart on this machine: plain INSERTs
+  into these tables take about 0.2 ms more with the constraints than
+  without); and the statement that locks the thread row, checks it is alive
+  and inserts from it, about 0.25 ms more than plain INSERTs. What it would
+  take to come within 1.5x of the floor: dropping the foreign-key
+  constraints (the saver's lock-and-check already keeps its rows from
+  outliving their thread, but every other writer would lose the guarantee)
+  and giving up the in-statement liveness check, which is what enforces the
+  late-write rule; neither is worth the trade. A write that does not
+  re-serialise and re-compress the whole message history at every step (a
+  LangGraph `DeltaChannel` for the messages) would cut the encoding share.
 - PostgresSaver's `get_tuple` slows as a thread grows: Postgres joins its
   blobs by scanning all of the thread's blob rows (a hash join), hence its
-  figure above for 10,000 checkpoints. DjangoSaver looks each blob up through its
-  unique index (`LATERAL ... LIMIT 1`) after finding the latest checkpoint
-  by a backward index scan, so its read time does not depend on the thread's
-  length.
+  figure above for 10,000 checkpoints. DjangoSaver looks each blob up through
+  its unique index (`LATERAL ... LIMIT 1`) after finding the latest
+  checkpoint by a backward index scan, so its read time does not depend on
+  the thread's length.
 - Storage: DjangoSaver compresses each value with zstd before encrypting it
   (ciphertext does not compress), which keeps it at PostgresSaver's size,
   whose large values Postgres compresses itself (pglz); with
   `EncryptedSerializer` Postgres can no longer compress and the store grows
-  3.5-fold."""
+  3.5-fold. For small states DjangoSaver's fixed cost per checkpoint (the
+  AES-GCM nonce and tag of each value, surrogate keys) makes it a few hundred
+  bytes larger than PostgresSaver.
+"""
 
 
 def report(args, writes, sizes, latencies, encode_ms: float) -> str:
