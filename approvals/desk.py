@@ -22,9 +22,15 @@ from django.utils import timezone
 
 from approvals.desk_models import Assignment, DecisionSnapshot, RequestOpening
 from approvals.models import ApprovalRequest, Decision
-from approvals.services import Reviewer, approval_decide, decision_detail, payload_of
+from approvals.services import (
+    Reviewer,
+    approval_decide,
+    approval_event,
+    decision_detail,
+    payload_of,
+)
 from audit import events
-from audit.services import Actor, record
+from audit.services import Actor
 from runs.admin_scoping import has_role
 from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict, VersionSkew
@@ -428,18 +434,11 @@ def request_reassign(*, approval: ApprovalRequest, assignee, user) -> Assignment
             "assigned_at": timezone.now(),
         },
     )
-    record(
-        tenant=approval.tenant,
+    approval_event(
+        approval=approval,
         kind=events.APPROVAL_REASSIGNED,
         actor=Actor.user(user),
-        thread_id=approval.thread.thread_id,
-        run_id=str(approval.run_id),
-        action=approval.action,
-        data={
-            "approval_id": str(approval.pk),
-            "action": approval.action,
-            "assignee": assignee.get_username(),
-        },
+        assignee=assignee.get_username(),
     )
     return assignment
 
@@ -451,17 +450,10 @@ def request_escalate(*, approval: ApprovalRequest, user) -> ApprovalRequest:
     approval.escalation_level += 1
     approval.escalated_at = timezone.now()
     approval.save(update_fields=["escalation_level", "escalated_at"])
-    record(
-        tenant=approval.tenant,
+    approval_event(
+        approval=approval,
         kind=events.APPROVAL_ESCALATED_MANUALLY,
         actor=Actor.user(user),
-        thread_id=approval.thread.thread_id,
-        run_id=str(approval.run_id),
-        action=approval.action,
-        data={
-            "approval_id": str(approval.pk),
-            "action": approval.action,
-            "level": approval.escalation_level,
-        },
+        level=approval.escalation_level,
     )
     return approval

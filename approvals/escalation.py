@@ -42,9 +42,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from approvals.services import payload_of
+from approvals.services import approval_event, payload_of
 from audit import events
-from audit.services import Actor, record
+from audit.services import Actor
 from runs import registry
 from runs.crypto import CryptoError
 from runs.errors import StateConflict
@@ -185,21 +185,14 @@ def approval_escalate(
     approval.escalated_at = now
     approval.save(update_fields=["escalation_level", "escalated_at"])
     recipients = _recipients(approval.tenant_id, step.notify)
-    record(
-        tenant=approval.tenant,
+    approval_event(
+        approval=approval,
         kind=events.APPROVAL_ESCALATED,
         actor=SYSTEM,
-        thread_id=approval.thread.thread_id,
-        run_id=str(approval.run_id),
-        action=approval.action,
-        data={
-            "approval_id": str(approval.pk),
-            "action": approval.action,
-            "step": step.name,
-            "level": step.level,
-            "notify": list(step.notify),
-            "notified": len(recipients),
-        },
+        step=step.name,
+        level=step.level,
+        notify=list(step.notify),
+        notified=len(recipients),
     )
     if recipients:
         messages = _notice(approval, step, recipients)
@@ -214,18 +207,8 @@ def approval_close(
     approval.status = ApprovalRequest.Status.CANCELLED
     approval.decided_at = timezone.now()
     approval.save(update_fields=["status", "decided_at"])
-    record(
-        tenant=approval.tenant,
-        kind=events.APPROVAL_CLOSED,
-        actor=actor,
-        thread_id=approval.thread.thread_id,
-        run_id=str(approval.run_id),
-        action=approval.action,
-        data={
-            "approval_id": str(approval.pk),
-            "action": approval.action,
-            "reason": reason[:200],
-        },
+    approval_event(
+        approval=approval, kind=events.APPROVAL_CLOSED, actor=actor, reason=reason[:200]
     )
     return approval
 
@@ -268,20 +251,14 @@ def approval_expire(
     approval.status = ApprovalRequest.Status.EXPIRED
     approval.decided_at = timezone.now()
     approval.save(update_fields=["status", "decided_at"])
-    record(
-        tenant=approval.tenant,
+    approval_event(
+        approval=approval,
         kind=events.APPROVAL_EXPIRED,
         actor=SYSTEM,
-        thread_id=approval.thread.thread_id,
-        run_id=str(run.pk),
-        action=approval.action,
-        data={
-            "approval_id": str(approval.pk),
-            "action": approval.action,
-            "level": approval.escalation_level,
-            "verdict": "denied",
-            "resumed_run": str(run.pk),
-        },
+        run_id=run.pk,
+        level=approval.escalation_level,
+        verdict="denied",
+        resumed_run=str(run.pk),
     )
     return approval, run
 

@@ -55,6 +55,22 @@ class Reviewer:
         )
 
 
+def approval_event(
+    *, approval: ApprovalRequest, kind, actor: Actor, run_id=None, **data
+) -> None:
+    """Record an event about an approval request, in the caller's transaction:
+    every such event names the request, its thread, run and action."""
+    record(
+        tenant=approval.tenant,
+        kind=kind,
+        actor=actor,
+        thread_id=approval.thread.thread_id,
+        run_id=str(run_id or approval.run_id),
+        action=approval.action,
+        data={"approval_id": str(approval.pk), "action": approval.action, **data},
+    )
+
+
 def _payload_row(request: ApprovalRequest) -> tuple:
     return ("approval-payload", str(request.id))
 
@@ -124,20 +140,13 @@ def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalReques
             payload.as_dict(), row=_payload_row(request)
         )
         request.save()
-        record(
-            tenant=thread.tenant,
+        approval_event(
+            approval=request,
             kind=events.APPROVAL_REQUESTED,
             actor=Actor.agent(thread.agent_name),
-            thread_id=thread.thread_id,
-            run_id=str(run.id),
-            action=payload.action,
-            data={
-                "approval_id": str(request.id),
-                "action": payload.action,
-                "risk": payload.risk,
-                "gate": payload.gate,
-                "args": describe(payload.args, safe_keys=safe_args),
-            },
+            risk=payload.risk,
+            gate=payload.gate,
+            args=describe(payload.args, safe_keys=safe_args),
         )
         opened.append(request)
     return opened
@@ -199,21 +208,14 @@ def approval_decide(
     if approved and not settled:
         verdict = f"approved ({approvals} of {request.required_approvals})"
     safe_args = _safe_args(request.thread)
-    record(
-        tenant=request.tenant,
+    approval_event(
+        approval=request,
         kind=events.APPROVAL_DECIDED,
         actor=reviewer.actor,
-        thread_id=request.thread.thread_id,
-        run_id=str(request.run_id),
-        action=request.action,
-        data={
-            "approval_id": str(request.id),
-            "action": request.action,
-            "verdict": verdict,
-            "reviewer": reviewer.label,
-            "args_edited": decision.args_edited,
-            **({"edited_args": describe(args, safe_keys=safe_args)} if args else {}),
-        },
+        verdict=verdict,
+        reviewer=reviewer.label,
+        args_edited=decision.args_edited,
+        **({"edited_args": describe(args, safe_keys=safe_args)} if args else {}),
     )
     if not settled:
         return request, None
