@@ -12,12 +12,28 @@ def _fresh_throttle_cache():
 
 
 @pytest.fixture(scope="session")
-def worker(django_db_setup):
-    """A real Celery worker process (prefork, two children), shared by the
-    session's execution tests; they must use transactional databases."""
+def _worker_process(django_db_setup):
     from tests.workers import Worker, purge_broker
 
     purge_broker()
     process = Worker(name="main")
     yield process
     process.stop()
+
+
+@pytest.fixture
+def worker(_worker_process):
+    """A real Celery worker process (prefork, two children), shared by the
+    session's execution tests; they must use transactional databases.
+
+    The database is flushed after each such test, so the test waits until the
+    worker has finished every run it queued.
+    """
+    from runs.models import Run
+    from tests.workers import wait_for
+
+    yield _worker_process
+    wait_for(
+        lambda: not Run.objects.filter(status__in=Run.ACTIVE).exists(),
+        what="queued and running runs to finish",
+    )

@@ -21,11 +21,6 @@ class ApiError(exceptions.APIException):
         self.status_code = status_code
 
 
-class Conflict(ApiError):
-    def __init__(self, message: str, *, code: str = "conflict") -> None:
-        super().__init__(message, code=code, status_code=status.HTTP_409_CONFLICT)
-
-
 class PayloadTooLarge(ApiError):
     def __init__(self, message: str) -> None:
         super().__init__(

@@ -22,7 +22,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
-from runs.api.errors import Conflict
+from runs.errors import StateConflict
 from runs.models import IdempotencyRecord
 
 HEADER = "Idempotency-Key"
@@ -59,16 +59,16 @@ def _reserve(*, tenant, key: str, request, digest: str) -> IdempotencyRecord | N
 def _replay(*, tenant, key: str, digest: str) -> Response:
     previous = IdempotencyRecord.objects.for_tenant(tenant).filter(key=key).first()
     if previous is None:  # released between our insert and this read: retryable
-        raise Conflict(
+        raise StateConflict(
             "That Idempotency-Key is in use; retry.", code="idempotency_in_progress"
         )
     if previous.request_digest != digest:
-        raise Conflict(
+        raise StateConflict(
             "That Idempotency-Key was used with another request; use a new key.",
             code="idempotency_key_reused",
         )
     if previous.response_status is None:
-        raise Conflict(
+        raise StateConflict(
             "The first request with that Idempotency-Key is still being handled.",
             code="idempotency_in_progress",
         )

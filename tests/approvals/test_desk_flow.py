@@ -9,7 +9,6 @@ import pytest
 
 from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
-from runs.models import Run
 from tests.approvals.helpers import (
     card_url,
     decide_url,
@@ -19,19 +18,10 @@ from tests.approvals.helpers import (
     wait_run,
 )
 from tests.factories import make_member, tenant_with_client
-from tests.workers import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
-@pytest.fixture(autouse=True)
-def _let_runs_finish():
-    """The database is flushed after each test: let the worker finish first."""
-    yield
-    wait_for(
-        lambda: not Run.objects.filter(status__in=Run.ACTIVE).exists(),
-        what="queued and running runs to finish",
-    )
 
 
 def _interrupted_refund(client, thread_id="case-7"):

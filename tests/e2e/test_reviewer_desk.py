@@ -7,10 +7,9 @@ import re
 
 import pytest
 
-from runs.models import DemoPayment, Run
+from runs.models import DemoPayment
 from tests.approvals.helpers import start_refund, wait_run
 from tests.factories import make_member, tenant_with_client
-from tests.workers import wait_for
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -22,14 +21,6 @@ PASSWORD = "correct horse battery staple"
 QUEUE = "/admin/approvals/approvalrequest/"
 
 
-@pytest.fixture(autouse=True)
-def _let_runs_finish():
-    """The database is flushed after each test: let the worker finish first."""
-    yield
-    wait_for(
-        lambda: not Run.objects.filter(status__in=Run.ACTIVE).exists(),
-        what="queued and running runs to finish",
-    )
 
 
 def log_in(browser, live_server, username: str):

@@ -13,19 +13,10 @@ from runs.models import Checkpoint, DemoOutboxMessage, DemoPayment, PendingWrite
 from tests.factories import tenant_with_client
 from tests.retention.helpers import TESTS
 from tests.runs.test_refund_flow import pending_approval, start_refund, wait_run
-from tests.workers import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
-@pytest.fixture(autouse=True)
-def _let_runs_finish():
-    """The database is flushed after each test: let the worker finish first."""
-    yield
-    wait_for(
-        lambda: not Run.objects.filter(status__in=Run.ACTIVE).exists(),
-        what="queued and running runs to finish",
-    )
 
 
 def test_pruning_keeps_the_latest_n_and_the_interrupted_thread_resumes(worker):

@@ -13,13 +13,6 @@ from tests.workers import wait_for
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
-@pytest.fixture(autouse=True)
-def _let_runs_finish():
-    yield
-    wait_for(
-        lambda: not Run.objects.filter(status__in=Run.ACTIVE).exists(),
-        what="queued and running runs to finish",
-    )
 
 
 def interrupted_thread(client, agent, thread_id="t1"):

@@ -15,14 +15,6 @@ REFUND_INPUT = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _let_runs_finish():
-    """The database is flushed after each test: let the worker finish first."""
-    yield
-    wait_for(
-        lambda: not Run.objects.filter(status__in=Run.ACTIVE).exists(),
-        what="queued and running runs to finish",
-    )
 
 
 def start_refund(client, thread_id="case-1", refund_input=REFUND_INPUT):
