@@ -144,8 +144,8 @@ class Filler:
         from approvals.desk_models import DecisionSnapshot
         from approvals.models import ApprovalRequest, Decision
         from approvals.services import _decision_row, _payload_row
+        from demo.agents.refund import risk_for
         from runs import crypto
-        from runs.agents.refund import risk_for
         from runs.models import Run, Thread
 
         total = per_tenant * len(self.tenants)

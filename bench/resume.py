@@ -171,7 +171,7 @@ def measure_floor(runs: int) -> list[float]:
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.types import Command
 
-    from runs.agents.refund import build_graph
+    from demo.agents.refund import build_graph
     from runs.context import RunContext
     from runs.models import Tenant, Thread
 

@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "audit",
     "approvals",
     "retention",
+    "demo",
 ]
 
 MIDDLEWARE = [
@@ -215,7 +216,7 @@ GATEHOUSE_MASTER_KEY_FILE = VAR_DIR / "master.key"
 GATEHOUSE_AUDIT_DIGEST_KEY = env.str("GATEHOUSE_AUDIT_DIGEST_KEY", default="")
 
 # Agents bundled with Gatehouse, as name@version -> "module:factory".
-GATEHOUSE_BUILTIN_AGENTS = {"refund@1": "runs.agents.refund:build_graph"}
+GATEHOUSE_BUILTIN_AGENTS = {"refund@1": "demo.agents.refund:build_graph"}
 # More agents from the environment: "name@version=package.module:factory,...".
 GATEHOUSE_AGENTS = env.str("GATEHOUSE_AGENTS", default="")
 # The demo payments provider's response latency in seconds (tests use it to

@@ -74,7 +74,7 @@ THREAD_CONTENT = (
     ),
 )
 # Rows that are nothing but a thread's content: deleted.
-THREAD_CONTENT_ROWS = (("runs.DemoOutboxMessage", "thread", "outbox_messages"),)
+THREAD_CONTENT_ROWS = (("demo.DemoOutboxMessage", "thread", "outbox_messages"),)
 
 
 # --- policies ----------------------------------------------------------------------

@@ -10,14 +10,12 @@ from runs.models.tenancy import (
     TenantOwnedQuerySet,
 )
 from runs.models.threads import Thread, ThreadQuerySet
-from runs.models.tools import DemoOutboxMessage, DemoPayment, ToolCall
+from runs.models.tools import ToolCall
 
 __all__ = [
     "ApiKey",
     "ChannelBlob",
     "Checkpoint",
-    "DemoOutboxMessage",
-    "DemoPayment",
     "IdempotencyRecord",
     "Membership",
     "PendingWrite",

@@ -17,7 +17,7 @@ from langgraph.types import Interrupt
 from approvals.models import ApprovalRequest
 from approvals.services import approval_requests_open
 from audit.services import Actor
-from runs.agents.refund import risk_for
+from demo.agents.refund import risk_for
 from runs.models import Run, Thread
 from runs.services import thread_create
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from runs.models import DemoPayment
+from demo.models import DemoPayment
 from tests.approvals.helpers import start_refund, wait_run
 from tests.factories import make_member, tenant_with_client
 
@@ -19,8 +19,6 @@ pytestmark = [
 
 PASSWORD = "correct horse battery staple"
 QUEUE = "/admin/approvals/approvalrequest/"
-
-
 
 
 def log_in(browser, live_server, username: str):

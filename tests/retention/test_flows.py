@@ -7,16 +7,15 @@ import time_machine
 
 from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
+from demo.models import DemoOutboxMessage, DemoPayment
 from retention.jobs import job_run
 from retention.services import retention_policy_set
-from runs.models import Checkpoint, DemoOutboxMessage, DemoPayment, PendingWrite, Run
+from runs.models import Checkpoint, PendingWrite, Run
 from tests.factories import tenant_with_client
 from tests.retention.helpers import TESTS
 from tests.runs.test_refund_flow import pending_approval, start_refund, wait_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
-
-
 
 
 def test_pruning_keeps_the_latest_n_and_the_interrupted_thread_resumes(worker):

@@ -3,7 +3,8 @@
 import pytest
 
 from audit.models import AuditEvent
-from runs.models import DemoOutboxMessage, DemoPayment, Run, ToolCall
+from demo.models import DemoOutboxMessage, DemoPayment
+from runs.models import Run, ToolCall
 from tests.factories import tenant_with_client
 from tests.workers import wait_for
 
@@ -13,8 +14,6 @@ REFUND_INPUT = {
     "customer_message": "My blender arrived damaged, please refund me.",
     "order": {"id": "A-1001", "amount": "40.00", "currency": "EUR"},
 }
-
-
 
 
 def start_refund(client, thread_id="case-1", refund_input=REFUND_INPUT):

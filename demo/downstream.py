@@ -13,8 +13,9 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from demo.models import DemoOutboxMessage, DemoPayment
 from runs.crypto import ThreadCipher
-from runs.models import DemoOutboxMessage, DemoPayment, Thread
+from runs.models import Thread
 
 
 def refund_payment(

@@ -19,8 +19,8 @@ from langgraph.graph.message import add_messages
 from langgraph.runtime import get_runtime
 from langgraph.types import interrupt
 
-from runs.agents import demo_services
-from runs.agents.fake_model import RefundPlannerModel
+from demo import downstream
+from demo.agents.fake_model import RefundPlannerModel
 from runs.tools import side_effect
 
 # Arguments that are safe to show in clear in the audit trail.
@@ -104,7 +104,7 @@ def execute_refund(state: RefundState) -> RefundState:
     payment = side_effect(
         "payments.refund",
         args,
-        lambda key: demo_services.refund_payment(
+        lambda key: downstream.refund_payment(
             tenant_id=tenant_id,
             idempotency_key=key,
             order_id=args["order_id"],
@@ -121,7 +121,7 @@ def _notify(kind: str, body: str) -> dict:
     return side_effect(
         "outbox.send",
         {"kind": kind, "body": body},
-        lambda key: demo_services.send_customer_message(
+        lambda key: downstream.send_customer_message(
             thread_pk=thread_pk, idempotency_key=key, kind=kind, body=body
         ),
         safe_keys=frozenset({"kind"}),
