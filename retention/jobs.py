@@ -38,6 +38,7 @@ from audit.models import AuditBlock, AuditChainHead, AuditEvent, AuditSequence
 from audit.services import Actor, purge_before, record
 from retention import services
 from retention.models import DeletionRequest
+from runs import storage
 from runs.models import Checkpoint, Run, Tenant, Thread
 from runs.services import runs_recover_stalled
 
@@ -225,7 +226,9 @@ def _prune_tenant(result, tenant, batch_size, dry_run, deadline, progress) -> No
                     .select_for_update(skip_locked=True, of=("self",))
                     .order_by("pk")
                 )
-                removed = services.checkpoints_prune(threads=locked, keep=keep)
+                removed = storage.checkpoints_prune(
+                    thread_pks=[thread.pk for thread in locked], keep=keep
+                )
                 for counts in removed.values():
                     result.add(tenant.pk, "threads_pruned")
                     for name, rows in counts.items():

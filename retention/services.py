@@ -1,10 +1,11 @@
-"""Retention use cases: policies, legal holds, deletion requests, and the two
-operations the scheduled jobs repeat in batches: removing threads and pruning
-their checkpoints.
+"""Retention use cases: policies, legal holds, deletion requests, and removing
+threads, which the scheduled jobs repeat in batches (pruning checkpoints is
+`runs.storage.checkpoints_prune`).
 
 Removing a thread (expiry, a deletion request): its data key is destroyed
-first, so everything it stored is unreadable at once, in backups too; then its
-checkpoints, channel blobs and pending writes are deleted, and the content
+first (`runs.storage.threads_shred`), so everything it stored is unreadable at
+once, in backups too; then its checkpoints, channel blobs and pending writes
+are deleted (`runs.storage.content_delete`), and the content
 other apps keep for it (run inputs, resume values and errors, tool results,
 approval payloads, decision notes, reviewer cards, outbox messages) is cleared.
 The thread row stays as a tombstone (ids, timestamps), open approvals are
@@ -22,7 +23,7 @@ request, then the thread).
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,15 +32,10 @@ from django.apps import apps
 from django.db import connection, transaction
 from django.db.models import (
     Count,
-    DateTimeField,
     Exists,
-    F,
     OuterRef,
     Q,
-    Value,
-    Window,
 )
-from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
 from approvals.escalation import approval_close
@@ -47,9 +43,9 @@ from approvals.models import ApprovalRequest
 from audit import events
 from audit.services import Actor, record, thread_tombstone_record
 from retention.models import DeletionRequest, LegalHold, RetentionPolicy, ThreadRemoval
-from runs import crypto
+from runs import storage
 from runs.errors import InvalidRequest, StateConflict
-from runs.models import ChannelBlob, Checkpoint, PendingWrite, Run, Tenant, Thread
+from runs.models import Run, Tenant, Thread
 from runs.services import run_cancel_active
 from runs.services.threads import subject_hash
 
@@ -182,10 +178,6 @@ def tenant_on_hold(tenant: Tenant | int, *, lock: bool = False) -> bool:
     return LegalHold.objects.active().on_tenant().filter(tenant_id=tenant_id).exists()
 
 
-def thread_is_held(thread: Thread) -> bool:
-    return thread.legal_hold or tenant_on_hold(thread.tenant_id)
-
-
 def _hold_target(hold: LegalHold) -> str:
     return f"thread {hold.thread.thread_id}" if hold.thread_id else "the whole tenant"
 
@@ -304,24 +296,6 @@ def _count_by(queryset, path: str) -> Counter:
     )
 
 
-def _delete_by_thread(model, thread_pks: Sequence[int]) -> Counter:
-    """Delete the threads' rows of a checkpoint table; rows per thread."""
-    if connection.vendor == "postgresql":
-        table = connection.ops.quote_name(model._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"WITH gone AS (DELETE FROM {table} WHERE thread_id = ANY(%s) "
-                "RETURNING thread_id) SELECT thread_id, count(*) FROM gone "
-                "GROUP BY thread_id",
-                [list(thread_pks)],
-            )
-            return Counter(dict(cursor.fetchall()))
-    rows = model.objects.filter(thread_id__in=thread_pks)
-    counts = _count_by(rows, "thread_id")
-    rows.delete()
-    return counts
-
-
 def _clear_content(thread_pks: Sequence[int]) -> dict[str, Counter]:
     cleared: dict[str, Counter] = {}
     for label, path, fields, empty, name in THREAD_CONTENT:
@@ -350,32 +324,6 @@ def _clear_content(thread_pks: Sequence[int]) -> dict[str, Counter]:
         if cleared[name]:
             rows.delete()
     return cleared
-
-
-def _shred(thread_pks: Sequence[int], *, clear_metadata: bool = False) -> None:
-    """Destroy the threads' data keys and make them tombstones, in one UPDATE:
-    `runs.crypto.shred_thread` for a batch.
-
-    The callers hold the threads' rows FOR UPDATE and have checked the legal
-    holds under that lock, which is what shred_thread does for one thread.
-    """
-    fields: dict[str, Any] = {
-        "wrapped_data_key": None,
-        "data_key_id": "",
-        "deleted_at": Coalesce(
-            F("deleted_at"), Value(timezone.now(), output_field=DateTimeField())
-        ),
-    }
-    if clear_metadata:
-        fields.update(metadata={}, subject_hash="")
-    Thread.objects.filter(pk__in=thread_pks).update(**fields)
-
-    def forget() -> None:
-        for pk in thread_pks:
-            crypto.forget_data_key(pk)
-
-    transaction.on_commit(forget)
-    forget()
 
 
 def _busy_with_a_reviewer(thread_pks: Sequence[int]) -> tuple[set[int], list]:
@@ -423,7 +371,9 @@ def threads_close(
     for thread in closed:
         if thread.pk in active:
             run_cancel_active(thread=thread, actor=actor, reason=reason)
-    _shred([thread.pk for thread in closed], clear_metadata=clear_metadata)
+    storage.threads_shred(
+        thread_pks=[thread.pk for thread in closed], clear_metadata=clear_metadata
+    )
     now = timezone.now()
     for thread in closed:
         thread.deleted_at = thread.deleted_at or now
@@ -450,14 +400,7 @@ def threads_remove(
     pks = [thread.pk for thread in threads]
     if not pks:
         return {}, busy
-    removed: dict[int, Counter] = defaultdict(Counter)
-    for model, name in (
-        (PendingWrite, "pending_writes"),
-        (ChannelBlob, "channel_blobs"),
-        (Checkpoint, "checkpoints"),
-    ):
-        for pk, rows in _delete_by_thread(model, pks).items():
-            removed[pk][name] += rows
+    removed = storage.content_delete(thread_pks=pks)
     for name, counts in _clear_content(pks).items():
         for pk, rows in counts.items():
             removed[pk][name] += rows
@@ -486,79 +429,6 @@ def threads_remove(
             removed=removed[thread.pk],
         )
     return {pk: dict(removed[pk]) for pk in pks}, busy
-
-
-# --- pruning -------------------------------------------------------------------------
-
-
-def checkpoints_prune(
-    *, threads: Sequence[Thread], keep: int
-) -> dict[int, dict[str, int]]:
-    """Keep the latest `keep` checkpoints of each thread (and namespace).
-
-    The latest checkpoint, with its pending writes (interrupts, resume values,
-    completed tasks) and the blobs it uses, always stays, so an interrupted
-    thread resumes exactly as before. Call with the threads locked, none with
-    a queued or running run and none using DeltaChannels (whose history is
-    the value). Returns {thread pk: rows removed by kind}.
-    """
-    if keep < 1:
-        raise ValueError("keep at least the latest checkpoint")
-    pks = [thread.pk for thread in threads]
-    doomed: dict[tuple[int, str], list[str]] = defaultdict(list)
-    checkpoint_pks: list[int] = []
-    for pk, thread_pk, ns, checkpoint_id in (
-        Checkpoint.objects.filter(thread_id__in=pks)
-        .annotate(
-            rank=Window(
-                RowNumber(),
-                partition_by=[F("thread_id"), F("checkpoint_ns")],
-                order_by=F("checkpoint_id").desc(),
-            )
-        )
-        .filter(rank__gt=keep)
-        .values_list("pk", "thread_id", "checkpoint_ns", "checkpoint_id")
-    ):
-        doomed[(thread_pk, ns)].append(checkpoint_id)
-        checkpoint_pks.append(pk)
-    removed: dict[int, Counter] = defaultdict(Counter)
-    for (thread_pk, ns), ids in doomed.items():
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            removed[thread_pk]["pending_writes"] += PendingWrite.objects.filter(
-                thread_id=thread_pk, checkpoint_ns=ns, checkpoint_id__in=chunk
-            ).delete()[0]
-            # A parent that is gone is no parent: history ends at the kept ones.
-            Checkpoint.objects.filter(
-                thread_id=thread_pk, checkpoint_ns=ns, parent_checkpoint_id__in=chunk
-            ).update(parent_checkpoint_id="")
-        removed[thread_pk]["checkpoints"] += len(ids)
-    for start in range(0, len(checkpoint_pks), _CHUNK):
-        Checkpoint.objects.filter(
-            pk__in=checkpoint_pks[start : start + _CHUNK]
-        ).delete()
-    for thread_pk, ns in doomed:
-        removed[thread_pk]["channel_blobs"] += _collect_blobs(thread_pk, ns)
-    return {pk: dict(counts) for pk, counts in removed.items()}
-
-
-def _collect_blobs(thread_pk: int, ns: str) -> int:
-    """Delete the namespace's blobs that no remaining checkpoint uses."""
-    used: set[tuple[str, str]] = set()
-    for versions in Checkpoint.objects.filter(
-        thread_id=thread_pk, checkpoint_ns=ns
-    ).values_list("blob_versions", flat=True):
-        used.update(versions.items())
-    garbage = [
-        pk
-        for pk, channel, version in ChannelBlob.objects.filter(
-            thread_id=thread_pk, checkpoint_ns=ns
-        ).values_list("pk", "channel", "version")
-        if (channel, version) not in used
-    ]
-    for start in range(0, len(garbage), _CHUNK):
-        ChannelBlob.objects.filter(pk__in=garbage[start : start + _CHUNK]).delete()
-    return len(garbage)
 
 
 # --- deletion requests ------------------------------------------------------------

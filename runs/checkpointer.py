@@ -66,7 +66,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from runs import crypto
+from runs import crypto, storage
 from runs.crypto import ThreadCipher, ThreadDeleted
 from runs.models import ChannelBlob, Checkpoint, PendingWrite, Tenant, Thread
 from runs.serde import StrictSerializer
@@ -1069,30 +1069,17 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             pending_writes=pending_writes,
         )
 
-    # --- deletion, copying, pruning -------------------------------------------------
-
-    def _lock_threads(self, queryset) -> list[Thread]:
-        # Ordered, so two operations on overlapping threads do not deadlock.
-        return list(queryset.select_for_update().order_by("pk"))
-
-    def _delete_content(self, thread_pks: Sequence[int], **where: Any) -> None:
-        for model in (PendingWrite, ChannelBlob, Checkpoint):
-            model.objects.using(self.using).filter(
-                thread_id__in=thread_pks, **where
-            ).delete()
+    # --- deletion, copying, pruning: the work is runs.storage's ---------------------
 
     def delete_thread(self, thread_id: str) -> None:
-        """Destroy every thread of the tenant stored under this id.
-
-        The live one and any tombstone that still has rows: see
-        `destroy_thread`, which deletion requests call with the thread row.
-        """
+        """Destroy every thread of the tenant stored under this id (the live one
+        and any tombstone that still has rows): `runs.storage.thread_destroy`."""
         _bind_thread_connection(self.using)
         with transaction.atomic(using=self.using):
-            for thread in self._lock_threads(
+            for thread in storage.threads_lock(
                 self._threads().filter(thread_id=str(thread_id))
             ):
-                destroy_thread(thread=thread, using=self.using)
+                storage.thread_destroy(thread=thread, using=self.using)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         run_ids = [str(run_id) for run_id in run_ids]
@@ -1106,11 +1093,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 .values_list("thread_id", flat=True)
                 .distinct()
             )
-            threads = self._lock_threads(
+            threads = storage.threads_lock(
                 self._threads().filter(pk__in=list(thread_pks), deleted_at__isnull=True)
             )
-            if not threads:
-                return
             doomed: dict[tuple[int, str], list[str]] = defaultdict(list)
             for thread_pk, ns, checkpoint_id in (
                 Checkpoint.objects.using(self.using)
@@ -1118,48 +1103,13 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 .values_list("thread_id", "checkpoint_ns", "checkpoint_id")
             ):
                 doomed[(thread_pk, ns)].append(checkpoint_id)
-            by_pk = {thread.pk: thread for thread in threads}
             for (thread_pk, ns), checkpoint_ids in doomed.items():
-                self._delete_checkpoints(by_pk[thread_pk], ns, checkpoint_ids)
-
-    def _delete_checkpoints(
-        self, thread: Thread, ns: str, checkpoint_ids: Sequence[str]
-    ) -> None:
-        """Delete checkpoints and their writes, then the blobs left unused."""
-        for start in range(0, len(checkpoint_ids), _BATCH):
-            batch = checkpoint_ids[start : start + _BATCH]
-            for model in (PendingWrite, Checkpoint):
-                model.objects.using(self.using).filter(
-                    thread=thread, checkpoint_ns=ns, checkpoint_id__in=batch
-                ).delete()
-        doomed = set(checkpoint_ids)
-        # A parent that is gone is no parent: history ends at the kept ones.
-        Checkpoint.objects.using(self.using).filter(
-            thread=thread, checkpoint_ns=ns, parent_checkpoint_id__in=doomed
-        ).update(parent_checkpoint_id="")
-        self._collect_blobs(thread, ns)
-
-    def _collect_blobs(self, thread: Thread, ns: str) -> None:
-        """Delete the namespace's blobs that no remaining checkpoint uses."""
-        used: set[tuple[str, str]] = set()
-        for versions in (
-            Checkpoint.objects.using(self.using)
-            .filter(thread=thread, checkpoint_ns=ns)
-            .values_list("blob_versions", flat=True)
-            .iterator(chunk_size=_BATCH)
-        ):
-            used.update(versions.items())
-        garbage = [
-            pk
-            for pk, channel, version in ChannelBlob.objects.using(self.using)
-            .filter(thread=thread, checkpoint_ns=ns)
-            .values_list("pk", "channel", "version")
-            if (channel, version) not in used
-        ]
-        for start in range(0, len(garbage), _BATCH):
-            ChannelBlob.objects.using(self.using).filter(
-                pk__in=garbage[start : start + _BATCH]
-            ).delete()
+                storage.checkpoints_delete(
+                    thread_pk=thread_pk,
+                    ns=ns,
+                    checkpoint_ids=checkpoint_ids,
+                    using=self.using,
+                )
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write, re-encrypted for the target."""
@@ -1285,8 +1235,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         live = self._threads().filter(thread_id__in=thread_ids, deleted_at__isnull=True)
         if strategy == "delete":
             with transaction.atomic(using=self.using):
-                threads = self._lock_threads(live)
-                self._delete_content([thread.pk for thread in threads])
+                threads = storage.threads_lock(live)
+                storage.content_delete(
+                    thread_pks=[thread.pk for thread in threads], using=self.using
+                )
             return
         if delta := sorted(
             live.filter(uses_delta_channels=True).values_list("thread_id", flat=True)
@@ -1297,7 +1249,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             )
         for pk in live.order_by("pk").values_list("pk", flat=True):
             with transaction.atomic(using=self.using):
-                threads = self._lock_threads(
+                threads = storage.threads_lock(
                     Thread.objects.using(self.using).filter(
                         pk=pk, deleted_at__isnull=True
                     )
@@ -1338,17 +1290,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             ):
                 calls.append(ns)
         if calls:
-            self._delete_content([thread.pk], checkpoint_ns__in=calls)
-        for ns, head in heads.items():
-            if ns in calls:
-                continue
-            unkept = list(
-                checkpoints.filter(checkpoint_ns=ns)
-                .exclude(checkpoint_id=head)
-                .values_list("checkpoint_id", flat=True)
+            storage.content_delete(
+                thread_pks=[thread.pk], namespaces=calls, using=self.using
             )
-            if unkept:
-                self._delete_checkpoints(thread, ns, unkept)
+        storage.checkpoints_prune(thread_pks=[thread.pk], keep=1, using=self.using)
 
     # --- async: the same work, off the event loop ---------------------------------
 
@@ -1400,33 +1345,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
     ) -> None:
         await sync_to_async(self.prune)(thread_ids, strategy=strategy)
-
-
-def destroy_thread(*, thread: Thread, using: str | None = None) -> None:
-    """Shred the thread's key, delete its checkpoints, blobs and writes, and
-    leave the row as a tombstone that refuses late writes. Idempotent.
-
-    By row, not by id: a new thread that has since taken the client's id is
-    not touched. Refused (`ThreadUnderLegalHold`) under legal hold.
-    """
-    db = using or thread._state.db or DEFAULT_DB_ALIAS
-    with transaction.atomic(using=db):
-        locked = Thread.objects.using(db).select_for_update().get(pk=thread.pk)
-        if locked.legal_hold:
-            raise crypto.ThreadUnderLegalHold(
-                f"thread {locked.thread_id!r} is under legal hold; release the "
-                "hold before deleting it"
-            )
-        if locked.wrapped_data_key is not None:
-            crypto.shred_thread(thread=locked, using=db)
-        if locked.deleted_at is None:
-            Thread.objects.using(db).filter(pk=thread.pk).update(
-                deleted_at=timezone.now(), metadata={}, subject_hash=""
-            )
-        for model in (PendingWrite, ChannelBlob, Checkpoint):
-            model.objects.using(db).filter(thread_id=thread.pk).delete()
-    thread.wrapped_data_key = None
-    thread.data_key_id = ""
 
 
 def _write_row(

@@ -1,5 +1,8 @@
 """The master key ring and every use of it: the one place Gatehouse does crypto.
 
+Pure: it reads no model and writes no row. The rows that hold keys and
+ciphertext are handled by `runs.storage` (shredding, deletion, rotation).
+
 Envelope encryption. Each thread has its own random 256-bit data key, stored in
 `Thread.wrapped_data_key` wrapped (AES-256-GCM) by the active master key of
 `GATEHOUSE_MASTER_KEYS`, whose id is kept in `Thread.data_key_id`. Everything a
@@ -19,8 +22,8 @@ The API for everything that stores thread content (checkpoints here; run
 inputs, resume values, tool results and approval payloads elsewhere)::
 
     cipher = ThreadCipher.for_thread(thread)        # ThreadDeleted if shredded
-    blob = cipher.encrypt_value(value, row=("run-input", run.public_id))
-    value = cipher.decrypt_value(blob, row=("run-input", run.public_id))
+    blob = cipher.encrypt_value(value, row=("run-input", run.id))
+    value = cipher.decrypt_value(blob, row=("run-input", run.id))
     cipher.encrypt(raw_bytes, row=...) / cipher.decrypt(blob, row=...)
 
 `row` identifies the stored value: a kind first (`"run-input"`,
@@ -28,18 +31,18 @@ inputs, resume values, tool results and approval payloads elsewhere)::
 the checkpoint store's), then ids, all `str` or `int`. Use ids known before the
 row is saved (not an auto-increment pk), and the same tuple to decrypt. Values
 go through `runs.serde.StrictSerializer` (no pickle, allow-listed types) and
-are compressed (zstd, or zlib without zstandard) first when large.
+are compressed (zstd) first when large.
 
 A `ThreadCipher` holds the key as read with its thread: build one per unit of
-work from a freshly read `Thread` (or with `ThreadCipher.load(thread_pk=...)`).
+work from a freshly read `Thread`.
 Unwrapped keys are cached per process, keyed by the wrapped bytes, so building
 one is cheap.
 
 `new_data_key()` makes a thread's key (`Thread.objects.create_with_data_key`
 calls it), `rewrap_data_key()` moves one to the active master key
-(`manage.py rotate_master_key`), `shred_thread()` destroys one: every
-ciphertext of the thread becomes unreadable at once, in backups too, and
-reading or writing it raises `ThreadDeleted`.
+(`runs.storage.data_keys_rotate`), `forget_data_key()` drops a destroyed one
+from this process's cache (`runs.storage.threads_shred`). A thread whose
+wrapped key is gone (shredded) raises `ThreadDeleted` on any use.
 """
 
 from __future__ import annotations
@@ -50,19 +53,18 @@ import logging
 import os
 import secrets
 import threading
-import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ormsgpack
+import zstandard
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, transaction
 
 from runs.serde import StrictSerializer, default_serializer
 
@@ -189,10 +191,6 @@ class TamperedCiphertext(CryptoError):
     """A ciphertext failed authentication: altered, or from another row."""
 
 
-class ThreadUnderLegalHold(CryptoError):
-    """A thread under legal hold may not be shredded."""
-
-
 # --- Formats ---------------------------------------------------------------------
 
 FORMAT_V1 = 0x01
@@ -204,10 +202,9 @@ _WRAP_AAD_PREFIX = "gatehouse-data-key"
 # Values larger than this are compressed before encryption: ciphertext does
 # not compress, so the database's own compression no longer helps.
 COMPRESS_MIN_BYTES = 1024
-# Flags in the encoding byte, above the serde type code.
-_ZLIB = 0x80
+# Flags in the encoding byte, above the serde type code; 0x80 is reserved.
 _ZSTD = 0x40
-_CODEC_BITS = _ZLIB | _ZSTD
+_CODEC_BITS = 0x80 | _ZSTD
 _ZSTD_LEVEL = 1
 _codecs = threading.local()
 _DATA_KEY_CACHE_SIZE = 10_000
@@ -367,18 +364,6 @@ class ThreadCipher:
             label=repr(thread.thread_id),
         )
 
-    @classmethod
-    def load(cls, *, thread_pk: int, using: str | None = None) -> ThreadCipher:
-        """From the thread's row as stored now, not as some instance last saw it."""
-        from runs.models import Thread
-
-        thread = (
-            Thread.objects.using(using or DEFAULT_DB_ALIAS)
-            .only("tenant_id", "thread_id", "wrapped_data_key", "data_key_id")
-            .get(pk=thread_pk)
-        )
-        return cls.for_thread(thread)
-
     def _aad(self, row: Sequence[str | int]) -> bytes:
         if not row:
             raise ValueError("row must name the stored value, kind first")
@@ -412,180 +397,31 @@ class ThreadCipher:
         return decode_value(self.decrypt(ciphertext, row=row), serializer)
 
 
-def _zstd():
-    """zstandard, if installed (LangGraph's langsmith dependency brings it)."""
-    try:
-        import zstandard
-    except ImportError:
-        return None
-    return zstandard
-
-
-def _compressor():
+def _compressor() -> zstandard.ZstdCompressor:
     # zstd contexts are not safe to share between threads; one per thread.
     compressor = getattr(_codecs, "compressor", None)
     if compressor is None:
-        zstd = _zstd()
-        compressor = zstd.ZstdCompressor(level=_ZSTD_LEVEL) if zstd else False
-        _codecs.compressor = compressor
+        compressor = _codecs.compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
     return compressor
 
 
 def encode_value(value: Any, serializer: StrictSerializer | None = None) -> bytes:
     """The plaintext of a value: the encoding byte (serde type code, and a flag
-    for zstd or zlib compression), then the bytes."""
+    for zstd compression), then the bytes."""
     encoded = (serializer or default_serializer()).dumps(value)
     if len(encoded) <= COMPRESS_MIN_BYTES:
         return encoded
-    body = memoryview(encoded)[1:]
-    compressor = _compressor()
-    if compressor:
-        # zstd level 1: twice zlib's speed and a smaller result.
-        packed, flag = compressor.compress(body), _ZSTD
-    else:
-        packed, flag = zlib.compress(body, 1), _ZLIB
+    packed = _compressor().compress(memoryview(encoded)[1:])
     if len(packed) + 1 >= len(encoded):
         return encoded
-    return bytes((encoded[0] | flag,)) + packed
+    return bytes((encoded[0] | _ZSTD,)) + packed
 
 
 def decode_value(plaintext: bytes, serializer: StrictSerializer | None = None) -> Any:
     codec = plaintext[0] & _CODEC_BITS if plaintext else 0
     if codec:
-        body = memoryview(plaintext)[1:]
-        if codec == _ZLIB:
-            body = zlib.decompress(body)
-        elif codec == _ZSTD:
-            zstd = _zstd()
-            if zstd is None:
-                raise CryptoError(
-                    "this value is zstd-compressed and the zstandard package is "
-                    "not installed"
-                )
-            body = zstd.ZstdDecompressor().decompress(body)
-        else:
+        if codec != _ZSTD:
             raise CryptoError(f"unknown encoding byte 0x{plaintext[0]:02x}")
+        body = zstandard.ZstdDecompressor().decompress(memoryview(plaintext)[1:])
         plaintext = bytes((plaintext[0] & ~_CODEC_BITS,)) + body
     return (serializer or default_serializer()).loads(plaintext)
-
-
-# --- Shredding ---------------------------------------------------------------------
-
-
-def shred_thread(*, thread: Thread, using: str | None = None) -> None:
-    """Destroy the thread's data key: all of its content is unreadable at once.
-
-    The rows stay until the caller deletes them; reading or writing them raises
-    ThreadDeleted from now on, and copies in backups are as unreadable. Refused
-    for a thread under legal hold.
-    """
-    from runs.models import Thread
-
-    db = using or thread._state.db or DEFAULT_DB_ALIAS
-    with transaction.atomic(using=db):
-        # FOR UPDATE waits for writes in flight (they hold FOR KEY SHARE) and
-        # makes later ones wait for this commit, then see no key.
-        locked = Thread.objects.using(db).select_for_update().get(pk=thread.pk)
-        if locked.legal_hold:
-            raise ThreadUnderLegalHold(
-                f"thread {locked.thread_id!r} is under legal hold; release the "
-                "hold before deleting it"
-            )
-        Thread.objects.using(db).filter(pk=thread.pk).update(
-            wrapped_data_key=None, data_key_id=""
-        )
-        transaction.on_commit(lambda: forget_data_key(thread.pk), using=db)
-    forget_data_key(thread.pk)
-    thread.wrapped_data_key = None
-    thread.data_key_id = ""
-
-
-# --- Master key rotation -----------------------------------------------------------
-
-
-@dataclass
-class RotationSummary:
-    key_id: str
-    rewrapped: int = 0
-    already_current: int = 0
-    shredded: int = 0
-    # Locked by a deletion in progress every time they came up: rerun.
-    busy: int = 0
-    # Wrapped by a master key that is no longer in the ring.
-    unreadable: dict[str, int] = field(default_factory=dict)
-    rewrapped_by_tenant: dict[int, int] = field(default_factory=dict)
-
-
-def rotate_data_keys(
-    *,
-    batch_size: int = 500,
-    using: str | None = None,
-    on_progress: Callable[[int], None] | None = None,
-    passes: int = 3,
-) -> RotationSummary:
-    """Rewrap every data key not under the active master key; no content changes.
-
-    Works in batches, each in its own transaction, taking the threads' rows
-    FOR NO KEY UPDATE SKIP LOCKED: writers (FOR KEY SHARE) carry on meanwhile,
-    since a rewrapped key is the same key, and threads being shredded are
-    skipped for a later pass. Safe to interrupt and to rerun.
-    """
-    from runs.models import Thread
-
-    db = using or DEFAULT_DB_ALIAS
-    ring = keyring()
-    threads = Thread.objects.using(db)
-    summary = RotationSummary(key_id=ring.active_id)
-    summary.shredded = threads.filter(wrapped_data_key__isnull=True).count()
-    summary.already_current = threads.filter(
-        wrapped_data_key__isnull=False, data_key_id=ring.active_id
-    ).count()
-    pending = threads.filter(wrapped_data_key__isnull=False).exclude(
-        data_key_id=ring.active_id
-    )
-    unreadable_pks: set[int] = set()
-    for _ in range(passes):
-        last_pk = 0
-        while True:
-            with transaction.atomic(using=db):
-                batch = list(
-                    pending.filter(pk__gt=last_pk)
-                    .exclude(pk__in=unreadable_pks)
-                    .order_by("pk")
-                    .select_for_update(no_key=True, skip_locked=True)
-                    .only("pk", "tenant_id", "wrapped_data_key", "data_key_id")[
-                        :batch_size
-                    ]
-                )
-                if not batch:
-                    break
-                changed = []
-                for thread in batch:
-                    if thread.data_key_id not in ring.keys:
-                        unreadable_pks.add(thread.pk)
-                        summary.unreadable[thread.data_key_id] = (
-                            summary.unreadable.get(thread.data_key_id, 0) + 1
-                        )
-                        continue
-                    rewrapped = rewrap_data_key(
-                        wrapped=bytes(thread.wrapped_data_key),
-                        key_id=thread.data_key_id,
-                        tenant_id=thread.tenant_id,
-                    )
-                    thread.wrapped_data_key = rewrapped.wrapped
-                    thread.data_key_id = rewrapped.key_id
-                    changed.append(thread)
-                    summary.rewrapped_by_tenant[thread.tenant_id] = (
-                        summary.rewrapped_by_tenant.get(thread.tenant_id, 0) + 1
-                    )
-                Thread.objects.using(db).bulk_update(
-                    changed, ["wrapped_data_key", "data_key_id"]
-                )
-                summary.rewrapped += len(changed)
-                last_pk = batch[-1].pk
-            if on_progress is not None:
-                on_progress(len(batch))
-        if not pending.exclude(pk__in=unreadable_pks).exists():
-            break
-    summary.busy = pending.exclude(pk__in=unreadable_pks).count()
-    return summary

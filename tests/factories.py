@@ -9,7 +9,8 @@ from rest_framework.test import APIClient
 
 from audit.services import Actor
 from runs import services
-from runs.models import Membership, Tenant
+from runs.crypto import ThreadCipher
+from runs.models import Membership, Tenant, Thread
 
 _counter = itertools.count(1)
 ALL_SCOPES = ["runs", "approvals", "audit"]
@@ -72,3 +73,9 @@ def tenant_with_client(scopes: list[str] | None = None):
     tenant = make_tenant()
     _, secret = make_api_key(tenant, scopes)
     return tenant, api_client(secret)
+
+
+def stored_cipher(thread_pk: int):
+    """The cipher of a thread's key as stored now (ThreadDeleted if shredded),
+    not as some instance in the test last saw it."""
+    return ThreadCipher.for_thread(Thread.objects.get(pk=thread_pk))

@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from runs import crypto
 from runs.models.tenancy import Tenant, TenantOwnedQuerySet
 
 
@@ -26,8 +27,6 @@ class ThreadQuerySet(TenantOwnedQuerySet):
         self, *, tenant: Tenant, thread_id: str, **fields: Any
     ) -> Thread:
         """A new thread with a fresh data key wrapped by the active master key."""
-        from runs import crypto
-
         key = crypto.new_data_key(tenant_id=tenant.pk)
         return self.create(
             tenant=tenant,

@@ -15,6 +15,7 @@ from approvals.desk_models import DecisionSnapshot, RequestOpening
 from approvals.models import ApprovalRequest, Decision
 from approvals.services import decision_detail, payload_of
 from audit.models import AuditEvent
+from runs import storage
 from runs.crypto import ThreadCipher
 from runs.models import Run
 from tests.approvals.helpers import (
@@ -354,12 +355,10 @@ def test_deciding_a_decided_request_shows_the_conflict(tenant, reviewer):
 
 
 def test_a_shredded_threads_request_says_its_content_is_gone(tenant, reviewer):
-    from runs.crypto import shred_thread
-
     approval = waiting_request(tenant, thread_id="shredded")
     client = logged_in(reviewer)
     _, opening_id = open_card(client, approval)
-    shred_thread(thread=approval.thread)
+    storage.threads_shred(thread_pks=[approval.thread_id])
 
     queue = client.get(QUEUE).content.decode()
     assert re.search(r'class="desk-unreadable">content deleted<', queue)

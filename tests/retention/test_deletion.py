@@ -13,9 +13,15 @@ from retention.services import (
     thread_deletion_request,
 )
 from runs.checkpointer import DjangoSaver
-from runs.crypto import ThreadCipher, ThreadDeleted
+from runs.crypto import ThreadDeleted
 from runs.models import Checkpoint, Run, Thread, ToolCall
-from tests.factories import api_client, make_api_key, make_member, make_tenant
+from tests.factories import (
+    api_client,
+    make_api_key,
+    make_member,
+    make_tenant,
+    stored_cipher,
+)
 from tests.retention.helpers import (
     SECRET,
     TESTS,
@@ -51,9 +57,9 @@ def test_a_subject_deletion_removes_every_thread_of_the_subject():
     assert request.status == "shredded" and request.record["threads_found"] == 3
     for thread in theirs:
         with pytest.raises(ThreadDeleted):
-            ThreadCipher.load(thread_pk=thread.pk)
+            stored_cipher(thread.pk)
     with pytest.raises(ThreadDeleted):
-        ThreadCipher.load(thread_pk=theirs[0].pk).decrypt(copied[0], row=copied[1])
+        stored_cipher(theirs[0].pk).decrypt(copied[0], row=copied[1])
     assert not Thread.objects.for_tenant(tenant).filter(thread_id="jane-1").exists()
 
     report = carry_out()
@@ -121,7 +127,7 @@ def test_a_deletion_request_for_a_held_thread_waits_until_the_hold_is_lifted():
     carry_out()
     request.refresh_from_db()
     assert request.status == "on_hold"
-    ThreadCipher.load(thread_pk=thread.pk)  # untouched
+    stored_cipher(thread.pk)  # untouched
     assert content_rows(thread)["checkpoints"] == 3
 
     legal_hold_lift(hold=hold, actor=TESTS)
@@ -131,7 +137,7 @@ def test_a_deletion_request_for_a_held_thread_waits_until_the_hold_is_lifted():
     assert request.record["threads"] == ["case-1"]
     assert content_rows(thread)["checkpoints"] == 0
     with pytest.raises(ThreadDeleted):
-        ThreadCipher.load(thread_pk=thread.pk)
+        stored_cipher(thread.pk)
 
 
 def test_a_subject_request_removes_what_it_may_and_waits_for_the_held_rest():

@@ -11,9 +11,9 @@ from audit.models import AuditEvent
 from retention.jobs import job_run
 from retention.models import ThreadRemoval
 from retention.services import legal_hold_lift, legal_hold_place, retention_policy_set
-from runs.crypto import ThreadCipher, ThreadDeleted
+from runs.crypto import ThreadDeleted
 from runs.models import Checkpoint, Run, Thread, ToolCall
-from tests.factories import make_tenant
+from tests.factories import make_tenant, stored_cipher
 from tests.retention.helpers import TESTS, content_rows, make_thread
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +57,7 @@ def test_a_thread_past_its_ttl_is_expired_and_its_audit_trail_survives():
     approval = ApprovalRequest.objects.get(thread=thread)
     assert bytes(approval.payload) == b"" and approval.status == "cancelled"
     with pytest.raises(ThreadDeleted):
-        ThreadCipher.load(thread_pk=thread.pk)
+        stored_cipher(thread.pk)
 
     trail = list(
         AuditEvent.objects.for_tenant(tenant)
@@ -84,7 +84,7 @@ def test_a_thread_under_legal_hold_is_not_expired_until_the_hold_is_lifted():
     held.refresh_from_db()
     assert held.deleted_at is None and held.wrapped_data_key is not None
     assert content_rows(held)["checkpoints"] == 2
-    ThreadCipher.load(thread_pk=held.pk)  # still readable
+    stored_cipher(held.pk)  # still readable
     assert Thread.objects.get(pk=free.pk).deleted_at is not None
 
     legal_hold_lift(hold=hold, actor=TESTS)

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from audit import events
 from audit.services import Actor, record
-from runs import crypto
+from runs import crypto, storage
 from runs.models import Tenant, Thread
 
 
@@ -51,7 +51,7 @@ class Command(BaseCommand):
             desc=f"rewrapping under {ring.active_id}",
             disable=verbosity == 0,
         ) as bar:
-            summary = crypto.rotate_data_keys(
+            summary = storage.data_keys_rotate(
                 batch_size=batch_size, using=database, on_progress=bar.update
             )
         self._audit(summary, database)
@@ -84,7 +84,7 @@ class Command(BaseCommand):
                     "leave GATEHOUSE_MASTER_KEYS."
                 )
 
-    def _audit(self, summary: crypto.RotationSummary, database: str) -> None:
+    def _audit(self, summary: storage.RotationSummary, database: str) -> None:
         # One event per tenant whose keys moved, so each tenant's auditors
         # see it in their own trail.
         actor = Actor.system("rotate_master_key")

@@ -1,0 +1,350 @@
+"""Thread content at rest: the one place that shreds, deletes and prunes it, and
+that rewraps the data keys guarding it.
+
+Every path that removes what a thread stored comes here: the checkpoint
+saver's LangGraph methods (`delete_thread`, `delete_for_runs`, `prune`),
+retention (expiry, deletion requests, the pruning job) and
+`manage.py rotate_master_key`. Nothing else deletes a checkpoint, a channel
+blob or a pending write, or changes a data key once created.
+
+- Shredding (`threads_shred`) destroys the threads' data keys and makes their
+  rows tombstones, in one UPDATE: everything they stored is unreadable at
+  once, in every later copy of the database too, and the checkpoint store
+  refuses any late write to them (`runs.crypto.ThreadDeleted`). A thread under
+  legal hold is never shredded (`ThreadUnderLegalHold`), whoever asks;
+  tenant-wide holds are retention's, which checks them before it calls here.
+- Deleting (`content_delete`, `checkpoints_delete`) removes checkpoints, their
+  pending writes, and the channel blobs no remaining checkpoint uses; a kept
+  checkpoint whose parent went has no parent any more.
+- Pruning (`checkpoints_prune`) keeps the latest N checkpoints of each
+  namespace of a thread and deletes the rest that way.
+- `thread_destroy` is the three for one thread, by row (a new thread that has
+  taken the client's id since is not touched).
+
+Locks: the callers hold the threads' rows FOR UPDATE (`threads_lock`, or their
+own batch query), which waits for writes in flight (FOR KEY SHARE, see
+runs.checkpointer) and makes later writes wait, then find the thread dead.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import Count, DateTimeField, F, Value, Window
+from django.db.models.functions import Coalesce, RowNumber
+from django.utils import timezone
+
+from runs import crypto
+from runs.models import ChannelBlob, Checkpoint, PendingWrite, Thread
+
+_BATCH = 500
+# What each content table's rows are called in the counts callers report.
+_CONTENT_TABLES = (
+    (PendingWrite, "pending_writes"),
+    (ChannelBlob, "channel_blobs"),
+    (Checkpoint, "checkpoints"),
+)
+
+
+class ThreadUnderLegalHold(Exception):
+    """A thread under legal hold may not be shredded."""
+
+
+def threads_lock(queryset) -> list[Thread]:
+    """The threads of `queryset`, locked FOR UPDATE in pk order, so that two
+    operations on overlapping threads never deadlock."""
+    return list(queryset.select_for_update(of=("self",)).order_by("pk"))
+
+
+# --- shredding -------------------------------------------------------------------
+
+
+def threads_shred(
+    *,
+    thread_pks: Sequence[int],
+    using: str | None = None,
+    clear_metadata: bool = False,
+) -> None:
+    """Destroy the threads' data keys and make them tombstones. Idempotent.
+
+    Call with the threads locked. Raises ThreadUnderLegalHold, changing
+    nothing, if one of them is held. The metadata and the subject's blind
+    index stay unless `clear_metadata` (a subject's deletion request finds its
+    threads by that index until their rows are removed).
+    """
+    db = using or DEFAULT_DB_ALIAS
+    threads = Thread.objects.using(db).filter(pk__in=list(thread_pks))
+    held = sorted(threads.filter(legal_hold=True).values_list("thread_id", flat=True))
+    if held:
+        raise ThreadUnderLegalHold(
+            f"thread {', '.join(held)} is under legal hold; release the hold "
+            "before deleting it"
+        )
+    now = Value(timezone.now(), output_field=DateTimeField())
+    fields: dict[str, Any] = {
+        "wrapped_data_key": None,
+        "data_key_id": "",
+        "deleted_at": Coalesce(F("deleted_at"), now),
+    }
+    if clear_metadata:
+        fields.update(metadata={}, subject_hash="")
+    threads.update(**fields)
+
+    def forget() -> None:
+        for pk in thread_pks:
+            crypto.forget_data_key(pk)
+
+    # Now for this process; after the commit again, in case a read in between
+    # cached the key that the commit destroys.
+    forget()
+    transaction.on_commit(forget, using=db)
+
+
+# --- deleting ----------------------------------------------------------------------
+
+
+def content_delete(
+    *,
+    thread_pks: Sequence[int],
+    using: str | None = None,
+    namespaces: Sequence[str] | None = None,
+) -> dict[int, Counter]:
+    """Delete the threads' checkpoints, blobs and writes (of `namespaces` only,
+    if given). Returns {thread pk: rows deleted by kind}."""
+    db = using or DEFAULT_DB_ALIAS
+    removed: dict[int, Counter] = defaultdict(Counter)
+    for model, name in _CONTENT_TABLES:
+        for thread_pk, rows in _delete_rows(model, thread_pks, namespaces, db):
+            removed[thread_pk][name] += rows
+    return removed
+
+
+def _delete_rows(model, thread_pks, namespaces, db) -> Iterable[tuple[int, int]]:
+    """(thread pk, rows deleted): one statement on Postgres."""
+    connection = connections[db]
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(model._meta.db_table)
+        sql = f"DELETE FROM {table} WHERE thread_id = ANY(%s)"
+        params: list[Any] = [list(thread_pks)]
+        if namespaces is not None:
+            sql += " AND checkpoint_ns = ANY(%s)"
+            params.append(list(namespaces))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH gone AS ({sql} RETURNING thread_id) "
+                "SELECT thread_id, count(*) FROM gone GROUP BY thread_id",
+                params,
+            )
+            return cursor.fetchall()
+    rows = model.objects.using(db).filter(thread_id__in=thread_pks)
+    if namespaces is not None:
+        rows = rows.filter(checkpoint_ns__in=namespaces)
+    counts = list(
+        rows.values("thread_id")
+        .annotate(rows=Count("pk"))
+        .values_list("thread_id", "rows")
+        .order_by()
+    )
+    rows.delete()
+    return counts
+
+
+def checkpoints_delete(
+    *,
+    thread_pk: int,
+    ns: str,
+    checkpoint_ids: Sequence[str],
+    using: str | None = None,
+) -> Counter:
+    """Delete checkpoints of one namespace and their writes, then the blobs no
+    remaining checkpoint uses. Returns the rows deleted by kind."""
+    db = using or DEFAULT_DB_ALIAS
+    removed: Counter = Counter()
+    for start in range(0, len(checkpoint_ids), _BATCH):
+        batch = checkpoint_ids[start : start + _BATCH]
+        for model, name in (
+            (PendingWrite, "pending_writes"),
+            (Checkpoint, "checkpoints"),
+        ):
+            deleted, _ = (
+                model.objects.using(db)
+                .filter(thread_id=thread_pk, checkpoint_ns=ns, checkpoint_id__in=batch)
+                .delete()
+            )
+            removed[name] += deleted
+        # A parent that is gone is no parent: history ends at the kept ones.
+        Checkpoint.objects.using(db).filter(
+            thread_id=thread_pk, checkpoint_ns=ns, parent_checkpoint_id__in=batch
+        ).update(parent_checkpoint_id="")
+    removed["channel_blobs"] += blobs_collect(thread_pk=thread_pk, ns=ns, using=db)
+    return removed
+
+
+def blobs_collect(*, thread_pk: int, ns: str, using: str | None = None) -> int:
+    """Delete the namespace's blobs that no remaining checkpoint uses."""
+    db = using or DEFAULT_DB_ALIAS
+    used: set[tuple[str, str]] = set()
+    for versions in (
+        Checkpoint.objects.using(db)
+        .filter(thread_id=thread_pk, checkpoint_ns=ns)
+        .values_list("blob_versions", flat=True)
+        .iterator(chunk_size=_BATCH)
+    ):
+        used.update(versions.items())
+    garbage = [
+        pk
+        for pk, channel, version in ChannelBlob.objects.using(db)
+        .filter(thread_id=thread_pk, checkpoint_ns=ns)
+        .values_list("pk", "channel", "version")
+        if (channel, version) not in used
+    ]
+    for start in range(0, len(garbage), _BATCH):
+        ChannelBlob.objects.using(db).filter(
+            pk__in=garbage[start : start + _BATCH]
+        ).delete()
+    return len(garbage)
+
+
+def checkpoints_prune(
+    *, thread_pks: Sequence[int], keep: int, using: str | None = None
+) -> dict[int, Counter]:
+    """Keep the latest `keep` checkpoints of each thread and namespace.
+
+    The latest checkpoint, with its pending writes (interrupts, resume values,
+    completed tasks) and the blobs it uses, always stays, so an interrupted
+    thread resumes exactly as before. Call with the threads locked, none with
+    a queued or running run and none using DeltaChannels (whose history is the
+    value). Returns {thread pk: rows deleted by kind}.
+    """
+    if keep < 1:
+        raise ValueError("keep at least the latest checkpoint")
+    db = using or DEFAULT_DB_ALIAS
+    doomed: dict[tuple[int, str], list[str]] = defaultdict(list)
+    for thread_pk, ns, checkpoint_id in (
+        Checkpoint.objects.using(db)
+        .filter(thread_id__in=list(thread_pks))
+        .annotate(
+            rank=Window(
+                RowNumber(),
+                partition_by=[F("thread_id"), F("checkpoint_ns")],
+                order_by=F("checkpoint_id").desc(),
+            )
+        )
+        .filter(rank__gt=keep)
+        .values_list("thread_id", "checkpoint_ns", "checkpoint_id")
+    ):
+        doomed[(thread_pk, ns)].append(checkpoint_id)
+    removed: dict[int, Counter] = defaultdict(Counter)
+    for (thread_pk, ns), checkpoint_ids in doomed.items():
+        removed[thread_pk] += checkpoints_delete(
+            thread_pk=thread_pk, ns=ns, checkpoint_ids=checkpoint_ids, using=db
+        )
+    return removed
+
+
+def thread_destroy(*, thread: Thread, using: str | None = None) -> Counter:
+    """Shred the thread, clear its metadata, delete its checkpoints, blobs and
+    writes, and leave its row as a tombstone that refuses late writes.
+
+    By row, not by id. Idempotent; ThreadUnderLegalHold under legal hold.
+    Returns the rows deleted by kind.
+    """
+    db = using or thread._state.db or DEFAULT_DB_ALIAS
+    with transaction.atomic(using=db):
+        threads_lock(Thread.objects.using(db).filter(pk=thread.pk))
+        threads_shred(thread_pks=[thread.pk], using=db, clear_metadata=True)
+        removed = content_delete(thread_pks=[thread.pk], using=db)
+    thread.wrapped_data_key = None
+    thread.data_key_id = ""
+    return removed[thread.pk]
+
+
+# --- rewrapping data keys (master key rotation) ------------------------------------
+
+
+@dataclass
+class RotationSummary:
+    key_id: str
+    rewrapped: int = 0
+    already_current: int = 0
+    shredded: int = 0
+    # Locked by a deletion in progress every time they came up: rerun.
+    busy: int = 0
+    # Wrapped by a master key that is no longer in the ring.
+    unreadable: dict[str, int] = field(default_factory=dict)
+    rewrapped_by_tenant: dict[int, int] = field(default_factory=dict)
+
+
+def data_keys_rotate(
+    *,
+    batch_size: int = 500,
+    using: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    passes: int = 3,
+) -> RotationSummary:
+    """Rewrap every data key not under the active master key; no content changes.
+
+    Works in batches, each in its own transaction, taking the threads' rows
+    FOR NO KEY UPDATE SKIP LOCKED: writers (FOR KEY SHARE) carry on meanwhile,
+    since a rewrapped key is the same key, and threads being shredded are
+    skipped for a later pass. Safe to interrupt and to rerun.
+    """
+    db = using or DEFAULT_DB_ALIAS
+    ring = crypto.keyring()
+    threads = Thread.objects.using(db)
+    summary = RotationSummary(key_id=ring.active_id)
+    summary.shredded = threads.filter(wrapped_data_key__isnull=True).count()
+    summary.already_current = threads.filter(
+        wrapped_data_key__isnull=False, data_key_id=ring.active_id
+    ).count()
+    pending = threads.filter(wrapped_data_key__isnull=False).exclude(
+        data_key_id=ring.active_id
+    )
+    unreadable_pks: set[int] = set()
+    for _ in range(passes):
+        last_pk = 0
+        while True:
+            with transaction.atomic(using=db):
+                batch = list(
+                    pending.filter(pk__gt=last_pk)
+                    .exclude(pk__in=unreadable_pks)
+                    .order_by("pk")
+                    .select_for_update(no_key=True, skip_locked=True)
+                    .only("pk", "tenant_id", "wrapped_data_key", "data_key_id")[
+                        :batch_size
+                    ]
+                )
+                if not batch:
+                    break
+                changed = []
+                for thread in batch:
+                    if thread.data_key_id not in ring.keys:
+                        unreadable_pks.add(thread.pk)
+                        summary.unreadable[thread.data_key_id] = (
+                            summary.unreadable.get(thread.data_key_id, 0) + 1
+                        )
+                        continue
+                    rewrapped = crypto.rewrap_data_key(
+                        wrapped=bytes(thread.wrapped_data_key),
+                        key_id=thread.data_key_id,
+                        tenant_id=thread.tenant_id,
+                    )
+                    thread.wrapped_data_key = rewrapped.wrapped
+                    thread.data_key_id = rewrapped.key_id
+                    changed.append(thread)
+                    summary.rewrapped_by_tenant[thread.tenant_id] = (
+                        summary.rewrapped_by_tenant.get(thread.tenant_id, 0) + 1
+                    )
+                threads.bulk_update(changed, ["wrapped_data_key", "data_key_id"])
+                summary.rewrapped += len(changed)
+                last_pk = batch[-1].pk
+            if on_progress is not None:
+                on_progress(len(batch))
+        if not pending.exclude(pk__in=unreadable_pks).exists():
+            break
+    summary.busy = pending.exclude(pk__in=unreadable_pks).count()
+    return summary
