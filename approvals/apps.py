@@ -7,3 +7,9 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         from approvals import receivers  # noqa: F401  connects the signal
+        from approvals.gatekeeper import ApprovalGatekeeper
+        from runs.gates import register_gatekeeper
+
+        # runs enforces the approval gate; approvals tells it which requests
+        # are open and what their decisions resume with (runs.gates).
+        register_gatekeeper(ApprovalGatekeeper())

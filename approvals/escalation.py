@@ -42,7 +42,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_event, payload_of
+from approvals.services import approval_event, approval_settle, payload_of
 from audit import events
 from audit.services import Actor
 from runs import registry
@@ -239,6 +239,12 @@ def approval_expire(
     }
     try:
         with transaction.atomic():
+            # Settled first: the gate opens only for the value stored with it.
+            approval_settle(
+                approval=approval,
+                status=ApprovalRequest.Status.EXPIRED,
+                resume_value=resume_value,
+            )
             run = run_resume(
                 thread=approval.thread,
                 resume={approval.interrupt_id: resume_value},
@@ -246,11 +252,10 @@ def approval_expire(
                 behind_active_run=True,
             )
     except (StateConflict, Thread.DoesNotExist) as exc:
+        approval.status, approval.decided_at = ApprovalRequest.Status.PENDING, None
+        approval.resume_value = None
         reason = getattr(exc, "detail", None) or "thread no longer waiting"
         return approval_close(approval=approval, reason=str(reason)), None
-    approval.status = ApprovalRequest.Status.EXPIRED
-    approval.decided_at = timezone.now()
-    approval.save(update_fields=["status", "decided_at"])
     approval_event(
         approval=approval,
         kind=events.APPROVAL_EXPIRED,

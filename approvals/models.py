@@ -47,6 +47,10 @@ class ApprovalRequest(models.Model):
         EXPIRED = "expired", "Expired"
         CANCELLED = "cancelled", "Cancelled"
 
+    # Settled by a decision (or the expiry's denial): its interrupt resumes
+    # with the decision's value. A cancelled request resumes nothing.
+    SETTLED = (Status.APPROVED, Status.DENIED, Status.EXPIRED)
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     thread = models.ForeignKey(
@@ -60,6 +64,9 @@ class ApprovalRequest(models.Model):
     risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.MEDIUM)
     action = models.CharField(max_length=100)
     payload = models.BinaryField(editable=False)
+    # Ciphertext: the value the settled request resumed its interrupt with,
+    # stored before the resume; runs.gates resumes the gate only with it.
+    resume_value = models.BinaryField(null=True, editable=False)
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.PENDING
     )

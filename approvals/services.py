@@ -19,6 +19,7 @@ from audit.services import Actor, record
 from runs import registry
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
+from runs.gates import is_gate
 from runs.models import Run
 from runs.services import run_resume
 from runs.signals import InterruptRejected
@@ -79,9 +80,33 @@ def _decision_row(decision: Decision) -> tuple:
     return ("approval-decision", str(decision.id))
 
 
+def _resume_row(request: ApprovalRequest) -> tuple:
+    return ("approval-resume", str(request.id))
+
+
 def payload_of(request: ApprovalRequest, cipher: ThreadCipher | None = None) -> dict:
     cipher = cipher or ThreadCipher.for_thread(request.thread)
     return cipher.decrypt_value(request.payload, row=_payload_row(request))
+
+
+def resume_value_of(request: ApprovalRequest, cipher: ThreadCipher) -> Any:
+    """The value a settled request resumes its interrupt with."""
+    return cipher.decrypt_value(request.resume_value, row=_resume_row(request))
+
+
+def approval_settle(
+    *, approval: ApprovalRequest, status: str, resume_value: dict[str, Any]
+) -> None:
+    """Mark the (locked) request settled and store the value that resumes its
+    interrupt; call it before `run_resume`, in the same transaction: the gate
+    (runs.gates) opens only for that value."""
+    cipher = ThreadCipher.for_thread(approval.thread)
+    approval.status = status
+    approval.decided_at = timezone.now()
+    approval.resume_value = cipher.encrypt_value(
+        resume_value, row=_resume_row(approval)
+    )
+    approval.save(update_fields=["status", "decided_at", "resume_value"])
 
 
 def decision_detail(decision: Decision, cipher: ThreadCipher) -> dict:
@@ -108,10 +133,11 @@ def _safe_args(thread) -> frozenset[str]:
 
 
 def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalRequest]:
-    """One pending request per interrupt of a run; InterruptRejected if a payload
-    breaks the contract (the run then fails with that message)."""
+    """One pending request per approval gate among a run's interrupts (input
+    interrupts are the client's to answer); InterruptRejected if a gate's
+    payload breaks the contract (the run then fails with that message)."""
     parsed = []
-    for interrupt in interrupts:
+    for interrupt in filter(lambda interrupt: is_gate(interrupt.value), interrupts):
         try:
             parsed.append((interrupt, payload_contract.parse(interrupt.value)))
         except payload_contract.InvalidPayload as exc:
@@ -220,9 +246,6 @@ def approval_decide(
     if not settled:
         return request, None
 
-    request.status = request.Status.APPROVED if approved else request.Status.DENIED
-    request.decided_at = timezone.now()
-    request.save(update_fields=["status", "decided_at"])
     resume_value = {
         "approved": approved,
         "note": note,
@@ -230,6 +253,11 @@ def approval_decide(
         "approval_id": str(request.id),
         "args": args if args is not None else original["args"],
     }
+    approval_settle(
+        approval=request,
+        status=request.Status.APPROVED if approved else request.Status.DENIED,
+        resume_value=resume_value,
+    )
     run = run_resume(
         thread=request.thread,
         resume={request.interrupt_id: resume_value},

@@ -105,7 +105,8 @@ MASTER_KEY_ROTATED = _declare(
 # Threads and runs
 THREAD_CREATED = _declare("thread.created", "thread created for agent {agent}")
 THREAD_FORKED = _declare(
-    "thread.forked", "checkpoint {checkpoint_id} forked from {parent_checkpoint_id}"
+    "thread.forked",
+    "checkpoint {checkpoint_id} forked from {parent_checkpoint_id} by {actor}",
 )
 STATE_READ = _declare(
     "thread.state_read", "state read at checkpoint {checkpoint_id}", timeline=False
@@ -115,7 +116,7 @@ RUN_STARTED = _declare("run.started", "run started on {worker} (attempt {attempt
 RUN_RECOVERED = _declare(
     "run.recovered", "run taken over after its worker was lost (lease of {worker})"
 )
-RUN_INTERRUPTED = _declare("run.interrupted", "run stopped for {count} approval(s)")
+RUN_INTERRUPTED = _declare("run.interrupted", "run stopped on {count} interrupt(s)")
 RUN_SUCCEEDED = _declare("run.succeeded", "run finished")
 RUN_FAILED = _declare("run.failed", "run failed: {error_type}")
 RUN_CANCELLED = _declare("run.cancelled", "run cancelled: {reason}")

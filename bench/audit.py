@@ -58,7 +58,7 @@ STORY = [
     ("tool_call.started", "agent", "lookup_order called with key 9f2c1a7e"),
     ("tool_call.succeeded", "agent", "lookup_order succeeded (key 9f2c1a7e)"),
     ("approval.requested", "agent", "approval requested for refund_order (risk high)"),
-    ("run.interrupted", "system", "run stopped for 1 approval(s)"),
+    ("run.interrupted", "system", "run stopped on 1 interrupt(s)"),
     ("approval.decided", "user", "refund_order approved by rita"),
     ("tool_call.started", "agent", "refund_order called with key 51be09aa"),
     ("tool_call.succeeded", "agent", "refund_order succeeded (key 51be09aa)"),

@@ -59,6 +59,13 @@ THREAD_CONTENT = (
     ("runs.Run", "thread", ("input", "resume", "error"), None, "run_contents"),
     ("runs.ToolCall", "thread", ("result",), None, "tool_results"),
     ("approvals.ApprovalRequest", "thread", ("payload",), b"", "approval_payloads"),
+    (
+        "approvals.ApprovalRequest",
+        "thread",
+        ("resume_value",),
+        None,
+        "approval_resume_values",
+    ),
     ("approvals.Decision", "request__thread", ("detail",), b"", "decision_notes"),
     ("approvals.RequestOpening", "request__thread", ("card",), b"", "reviewer_cards"),
     (

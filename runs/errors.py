@@ -17,6 +17,18 @@ class StateConflict(ApiError):
         super().__init__(message, code=code, status_code=status.HTTP_409_CONFLICT)
 
 
+class ApprovalRequired(StateConflict):
+    """The change would continue a thread past an approval gate without a
+    decision on its request (runs.gates). `approval_ids` names the requests
+    open on the thread, if any; the API's error body carries them as
+    `pending_approvals`."""
+
+    def __init__(self, message: str, *, approval_ids: list[str] | None = None):
+        super().__init__(message, code="approval_required")
+        self.approval_ids = [str(pk) for pk in approval_ids or []]
+        self.extra = {"pending_approvals": self.approval_ids}
+
+
 class VersionSkew(StateConflict):
     def __init__(self, message: str):
         super().__init__(message, code="version_skew")

@@ -28,6 +28,7 @@ from audit.services import Actor, record
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
+from runs.gates import gate_nodes_of
 from runs.graphs import compiled, ensure_nodes_exist, spec_for, thread_config
 from runs.models import Checkpoint, Run, Thread
 from runs.services.runs import dispatch_next, waiting_nodes
@@ -49,6 +50,7 @@ def _lease_length() -> timedelta:
 class Outcome:
     interrupts: list[Any] = field(default_factory=list)
     next_nodes: list[str] = field(default_factory=list)
+    gate_nodes: list[str] = field(default_factory=list)
     error: BaseException | None = None
 
 
@@ -189,7 +191,11 @@ def _invoke(run: Run, thread: Thread) -> Outcome:
     )
     graph.invoke(graph_input, config, context=context, durability="sync")
     state = graph.get_state(thread_config(thread))
-    return Outcome(interrupts=list(state.interrupts), next_nodes=list(state.next))
+    return Outcome(
+        interrupts=list(state.interrupts),
+        next_nodes=list(state.next),
+        gate_nodes=gate_nodes_of(state),
+    )
 
 
 def _error_text(error: BaseException) -> str:
@@ -234,6 +240,9 @@ def _finish(run_id: str, owner: str, outcome: Outcome) -> None:
             kind, data = events.RUN_FAILED, {"error_type": run.error_type}
         elif outcome.interrupts:
             thread.status = Thread.Status.INTERRUPTED
+            thread.gated_nodes = sorted(
+                set(thread.gated_nodes) | set(outcome.gate_nodes)
+            )
             kind, data = events.RUN_INTERRUPTED, {"count": len(outcome.interrupts)}
         else:
             run.status = Run.Status.SUCCEEDED
@@ -242,7 +251,7 @@ def _finish(run_id: str, owner: str, outcome: Outcome) -> None:
         run.ended_at = timezone.now()
         run.lease_owner, run.lease_until = "", None
         run.save()
-        thread.save(update_fields=["status", "updated_at"])
+        thread.save(update_fields=["status", "gated_nodes", "updated_at"])
         record(
             tenant=thread.tenant,
             kind=kind,

@@ -17,6 +17,8 @@ from functools import lru_cache
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from runs.actions import GatedAction, declared_actions
+
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 _KEY_RE = re.compile(rf"^(?P<name>{_NAME})@(?P<version>{_NAME})$")
 _TARGET_RE = re.compile(r"^(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_]\w*)$")
@@ -61,6 +63,23 @@ class AgentSpec:
     def safe_args(self) -> frozenset[str]:
         """Action arguments the agent declares safe to show in the audit trail."""
         return frozenset(getattr(self.factory(), "safe_args", ()))
+
+    @property
+    def actions(self) -> dict[str, GatedAction] | None:
+        """The gated actions the agent declares (runs.actions), by name; None
+        when it declares nothing."""
+        return declared_actions(self.factory())
+
+    def action(self, name: str) -> GatedAction | None:
+        return (self.actions or {}).get(name)
+
+    @property
+    def gated_nodes(self) -> frozenset[str] | None:
+        """The nodes that ask for a decision, as declared; None when unknown."""
+        actions = self.actions
+        if actions is None:
+            return None
+        return frozenset(action.node for action in actions.values())
 
     def build_graph(self):
         """A new uncompiled StateGraph of this agent version."""

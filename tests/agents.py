@@ -87,3 +87,24 @@ def incomplete_payload_graph() -> StateGraph:
     graph.add_edge(START, "ask")
     graph.add_edge("ask", END)
     return graph
+
+
+class QuestionState(TypedDict, total=False):
+    answer: str
+
+
+def _question(state: QuestionState) -> QuestionState:
+    # No "action": an input interrupt, which the thread's client resumes.
+    return {"answer": interrupt({"question": "Which order is it about?"})}
+
+
+def question_graph() -> StateGraph:
+    """Asks the end user a question (an input interrupt), then ends."""
+    graph = StateGraph(QuestionState)
+    graph.add_node("question", _question)
+    graph.add_edge(START, "question")
+    graph.add_edge("question", END)
+    return graph
+
+
+question_graph.actions = []  # declares that it has no approval gates

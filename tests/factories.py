@@ -13,7 +13,7 @@ from runs.crypto import ThreadCipher
 from runs.models import Membership, Tenant, Thread
 
 _counter = itertools.count(1)
-ALL_SCOPES = ["runs", "approvals", "audit"]
+ALL_SCOPES = ["runs", "approvals", "audit", "time_travel"]
 
 
 def make_tenant(slug: str | None = None) -> Tenant:

@@ -38,6 +38,7 @@ GATEHOUSE_AGENTS = os.environ.get(
             "gate@1=tests.agents:gate_graph",
             "pair@1=tests.agents:pair_graph",
             "incomplete@1=tests.agents:incomplete_payload_graph",
+            "ask@1=tests.agents:question_graph",
         ]
     ),
 )

@@ -13,6 +13,7 @@ import json
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypedDict
 
+import pydantic
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -21,6 +22,7 @@ from langgraph.types import interrupt
 
 from demo import downstream
 from demo.agents.fake_model import RefundPlannerModel
+from runs.actions import GatedAction
 from runs.tools import side_effect
 
 # Arguments that are safe to show in clear in the audit trail.
@@ -40,11 +42,38 @@ class RefundState(TypedDict, total=False):
     outcome: str
 
 
-def risk_for(amount: str) -> str:
+def risk_for(amount: str | Decimal) -> str:
     value = Decimal(amount)
     if value >= HIGH_RISK_FROM:
         return "high"
     return "low" if value < LOW_RISK_BELOW else "medium"
+
+
+class RefundArgs(pydantic.BaseModel):
+    """The arguments of `refund_order`, as a reviewer may approve them."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    order_id: str = pydantic.Field(min_length=1, max_length=64)
+    amount: Decimal = pydantic.Field(
+        gt=0, le=Decimal("100000"), max_digits=9, decimal_places=2
+    )
+    currency: str = pydantic.Field(pattern=r"^[A-Z]{3}$")
+
+
+def refund_risk(args: RefundArgs) -> str:
+    return risk_for(args.amount)
+
+
+REFUND_ORDER = GatedAction(
+    name="refund_order",
+    node="request_approval",
+    args=RefundArgs,
+    # A reviewer may refund less (or more: the risk then follows the amount);
+    # the order and the currency are what the customer's case is about.
+    editable={"amount"},
+    risk=refund_risk,
+)
 
 
 def read_request(state: RefundState) -> RefundState:
@@ -166,7 +195,8 @@ def build_graph() -> StateGraph:
 
 
 # Declarations the registry reads (see runs.registry.AgentSpec): metadata keys a
-# client may store in clear on a refund thread, and arguments that may appear
-# in clear in the audit trail.
+# client may store in clear on a refund thread, arguments that may appear in
+# clear in the audit trail, and the actions it asks approval for.
 build_graph.safe_metadata_keys = frozenset({"order_id", "channel"})
 build_graph.safe_args = SAFE_ARGS
+build_graph.actions = [REFUND_ORDER]

@@ -14,7 +14,12 @@ logger = logging.getLogger(__name__)
 
 
 class ApiError(exceptions.APIException):
-    """An error a service raises with a stable machine code, e.g. version_skew."""
+    """An error a service raises with a stable machine code, e.g. version_skew.
+
+    `extra` holds further members of the error body (say, the ids a client
+    needs to act on the error), beside code and message."""
+
+    extra: dict | None = None
 
     def __init__(self, message: str, *, code: str, status_code: int) -> None:
         super().__init__(detail=message, code=code)
@@ -94,6 +99,8 @@ def exception_handler(exc, context) -> Response | None:
             codes = exc.get_codes()
             code = codes if isinstance(codes, str) else exc.default_code
         body = error_body(code, str(detail))
+        if isinstance(exc, ApiError) and exc.extra:
+            body.update(exc.extra)
 
     set_rollback()
     return Response(body, status=exc.status_code, headers=headers)

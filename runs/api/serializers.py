@@ -3,6 +3,28 @@ from rest_framework import serializers
 from runs.models import Run, Thread
 
 
+class ErrorSerializer(serializers.Serializer):
+    """Every error's body (runs.api.errors)."""
+
+    code = serializers.CharField()
+    message = serializers.CharField()
+    fields = serializers.DictField(
+        required=False, help_text="Validation errors only: the field names."
+    )
+
+
+class ApprovalRequiredSerializer(ErrorSerializer):
+    """409 `approval_required`: the change would pass an approval gate without
+    a decision. Other 409 codes have the plain error body."""
+
+    pending_approvals = serializers.ListField(
+        child=serializers.UUIDField(),
+        help_text="The approval requests open on the thread that must be decided "
+        "(POST /api/v1/approvals/{id}/decision); empty when the change is refused "
+        "for writing past a gate.",
+    )
+
+
 class AgentSerializer(serializers.Serializer):
     name = serializers.CharField()
     version = serializers.CharField()

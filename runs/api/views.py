@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import generics, status
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions, generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -14,6 +14,8 @@ from runs import registry, selectors, services
 from runs.api.idempotency import idempotent
 from runs.api.serializers import (
     AgentSerializer,
+    ApprovalRequiredSerializer,
+    ErrorSerializer,
     ForkResultSerializer,
     ForkSerializer,
     HistoryEntrySerializer,
@@ -30,6 +32,15 @@ from runs.errors import InvalidRequest
 from runs.models import Run, Scope, Thread
 
 MAX_HISTORY = 200
+
+GATE_CONFLICT = OpenApiResponse(
+    ApprovalRequiredSerializer,
+    description="`approval_required` (with `pending_approvals`) when the change "
+    "would pass an approval gate without a decision; otherwise the plain error "
+    "body with `run_in_progress`, `thread_interrupted`, `thread_not_interrupted` "
+    "or `version_skew`.",
+)
+FORBIDDEN = OpenApiResponse(ErrorSerializer, description="Missing scope or role.")
 
 
 def actor_for(request) -> Actor:
@@ -51,6 +62,14 @@ def queued(run: Run) -> Response:
     return Response(
         {"run_id": run.id, "status": run.status}, status=status.HTTP_202_ACCEPTED
     )
+
+
+def require_time_travel(request) -> None:
+    """Forks and runs from a checkpoint need the time_travel scope."""
+    if not request.principal.can(Scope.TIME_TRAVEL, write=True):
+        raise exceptions.PermissionDenied(
+            "This needs the 'time_travel' scope (write), which the caller lacks."
+        )
 
 
 class TenantThreadMixin:
@@ -163,13 +182,15 @@ class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
 
     @extend_schema(
         request=RunCreateSerializer,
-        responses={202: RunQueuedSerializer},
-        summary="Start a run (optionally from a checkpoint)",
+        responses={202: RunQueuedSerializer, 403: FORBIDDEN, 409: GATE_CONFLICT},
+        summary="Start a run (from a checkpoint: time_travel scope)",
     )
     @idempotent
     def post(self, request, thread_id):
         thread = self.get_thread()
         body = validated(RunCreateSerializer, request)
+        if body.get("checkpoint_id"):
+            require_time_travel(request)
         run = services.run_start(
             thread=thread,
             input=body["input"],
@@ -192,8 +213,12 @@ class RunDetailView(TenantThreadMixin, APIView):
 class ResumeView(TenantThreadMixin, APIView):
     @extend_schema(
         request=ResumeSerializer,
-        responses={202: RunQueuedSerializer},
-        summary="Resume an interrupted thread (raw LangGraph resume value)",
+        responses={202: RunQueuedSerializer, 409: GATE_CONFLICT},
+        summary="Resume an input interrupt (raw LangGraph resume value)",
+        description="For input interrupts only: an approval gate (an interrupt "
+        "whose payload carries `action`) is resumed by a decision on its "
+        "approval request, and a raw resume of it answers 409 "
+        "`approval_required` naming the requests.",
     )
     @idempotent
     def post(self, request, thread_id):
@@ -266,8 +291,15 @@ class HistoryView(TenantThreadMixin, APIView):
 
 
 class ForkView(TenantThreadMixin, APIView):
+    required_scope = Scope.TIME_TRAVEL
+
     @extend_schema(
-        request=ForkSerializer, responses={201: ForkResultSerializer}, summary="Fork"
+        request=ForkSerializer,
+        responses={201: ForkResultSerializer, 403: FORBIDDEN, 409: GATE_CONFLICT},
+        summary="Fork: a new checkpoint with changed values (time_travel scope)",
+        description="Refused with 409 `approval_required` while the thread has an "
+        "open approval request, and when the fork would write as a gated node, "
+        "as a node past a gate, or leave the thread to continue past a gate.",
     )
     def post(self, request, thread_id):
         thread = self.get_thread()

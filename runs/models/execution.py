@@ -33,6 +33,8 @@ class Run(models.Model):
         START = "start", "Start"
         RESUME = "resume", "Resume"
         REPLAY = "replay", "Replay"
+        # Continues a failed run from the thread's latest checkpoint.
+        RETRY = "retry", "Retry"
 
     ACTIVE = (Status.QUEUED, Status.RUNNING)
 

@@ -44,6 +44,9 @@ class Scope(models.TextChoices):
     RUNS = "runs", "Runs"
     APPROVALS = "approvals", "Approvals"
     AUDIT = "audit", "Audit"
+    # Forks and runs from a checkpoint. Never implied by another scope and
+    # granted by no role: a key gets it only when it is asked for.
+    TIME_TRAVEL = "time_travel", "Time travel"
 
 
 class Membership(models.Model):

@@ -71,6 +71,10 @@ class Thread(models.Model):
     data_key_id = models.CharField(
         max_length=64, blank=True, editable=False, help_text="Master key that wraps it."
     )
+    # Nodes that stopped at an approval gate on this thread (structure, not
+    # content): with the agent's declared gated nodes, where runs.gates
+    # refuses forks and replays that would pass a gate without its decision.
+    gated_nodes = models.JSONField(default=list, blank=True, editable=False)
     # Set once a checkpoint uses a DeltaChannel: keep_latest cannot prune it.
     uses_delta_channels = models.BooleanField(default=False, editable=False)
     expires_at = models.DateTimeField(null=True, blank=True)

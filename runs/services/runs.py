@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from audit import events
 from audit.services import Actor, record
-from runs import registry
+from runs import gates, registry
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.graphs import (
@@ -127,6 +127,8 @@ def run_start(
             f"a run of thread {thread.thread_id} is queued or running; wait for it",
             code="run_in_progress",
         )
+    if checkpoint_id:
+        gates.require_no_open_request(thread, "a run from a checkpoint")
     if thread.status == Thread.Status.INTERRUPTED:
         raise StateConflict(
             f"thread {thread.thread_id} is waiting on an interrupt: resume it instead",
@@ -140,13 +142,7 @@ def run_start(
         _pin_version(thread)
     spec_for(thread)  # VersionSkew when the pinned version is gone
     if checkpoint_id:
-        graph = compile_for(thread)
-        snapshot = graph.get_state(thread_config(thread, checkpoint_id))
-        if snapshot.created_at is None:
-            raise InvalidRequest(
-                f"thread {thread.thread_id} has no checkpoint {checkpoint_id}",
-                field="checkpoint_id",
-            )
+        _check_replay(thread, checkpoint_id)
     kind = Run.Kind.REPLAY if checkpoint_id else Run.Kind.START
     return _queue(
         thread=thread,
@@ -155,6 +151,29 @@ def run_start(
         input_value=input,
         checkpoint_id=checkpoint_id,
     )
+
+
+def _check_replay(thread: Thread, checkpoint_id: str) -> None:
+    """A run from a checkpoint: the checkpoint exists, and continuing from it
+    passes no approval gate without a decision (runs.gates)."""
+    graph = compile_for(thread)
+    snapshot = graph.get_state(thread_config(thread, checkpoint_id))
+    if snapshot.created_at is None:
+        raise InvalidRequest(
+            f"thread {thread.thread_id} has no checkpoint {checkpoint_id}",
+            field="checkpoint_id",
+        )
+    latest = graph.get_state(thread_config(thread)).config["configurable"]
+    if latest["checkpoint_id"] != checkpoint_id:
+        # The latest checkpoint continues where the thread stopped: its
+        # decisions were taken for exactly that. An older one would take them
+        # again.
+        gates.check_continuation(
+            thread=thread,
+            graph=graph,
+            next_nodes=snapshot.next,
+            doing=f"a run from checkpoint {checkpoint_id}",
+        )
 
 
 def waiting_nodes(thread: Thread) -> list[str]:
@@ -174,6 +193,8 @@ def run_resume(
 ) -> Run:
     """Resume an interrupted thread with LangGraph's resume value.
 
+    An approval gate is resumed only with the value its request was decided
+    with (runs.gates): anything else answers ApprovalRequired, whoever calls.
     `behind_active_run` is for approval decisions: a decision that arrives
     while a run of the thread still executes is queued behind it instead of
     refused, so no decision is ever lost.
@@ -191,9 +212,10 @@ def run_resume(
             code="thread_not_interrupted",
         )
     spec = spec_for(thread)
+    graph = compiled(spec, thread.tenant)
     if not active:
-        graph = compiled(spec, thread.tenant)
         ensure_nodes_exist(graph, waiting_nodes(thread), key=spec.key)
+    gates.check_resume(thread=thread, graph=graph, resume=resume)
     return _queue(thread=thread, kind=Run.Kind.RESUME, actor=actor, resume_value=resume)
 
 

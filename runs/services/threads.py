@@ -14,7 +14,7 @@ from langgraph.errors import InvalidUpdateError
 
 from audit import events
 from audit.services import Actor, record
-from runs import registry
+from runs import gates, registry
 from runs.errors import InvalidRequest, StateConflict
 from runs.graphs import compile_for, thread_config
 from runs.models import Run, Tenant, Thread
@@ -137,13 +137,24 @@ def thread_fork(
     *,
     thread: Thread,
     checkpoint_id: str,
-    values: dict[str, Any],
+    values: dict[str, Any] | None,
     actor: Actor,
     as_node: str | None = None,
 ) -> str:
-    """A new checkpoint branching from `checkpoint_id` with `values` applied."""
+    """A new checkpoint branching from `checkpoint_id` with `values` applied
+    (LangGraph's update_state), written as `as_node` when given.
+
+    Refused with ApprovalRequired while the thread has an open approval
+    request, when `as_node` is a gated node or one past a gate, and when the
+    new checkpoint would continue past a gate (runs.gates): a fork never
+    stands in for a decision. The fork is audited with its actor.
+    """
     with transaction.atomic():
-        thread = Thread.objects.select_for_update().get(pk=thread.pk)
+        thread = (
+            Thread.objects.select_related("tenant")
+            .select_for_update(of=("self",))
+            .get(pk=thread.pk)
+        )
         _require_quiet(thread)
         if not thread.agent_version:
             raise InvalidRequest(
@@ -156,6 +167,7 @@ def thread_fork(
                 f"agent {thread.agent_name}@{thread.agent_version} has no node {as_node!r}",
                 field="as_node",
             )
+        gates.check_fork(thread=thread, graph=graph, as_node=as_node)
         try:
             new_config = graph.update_state(
                 thread_config(thread, checkpoint_id), values, as_node=as_node
@@ -166,11 +178,26 @@ def thread_fork(
                 f"cannot fork with these values: {exc}", field="values"
             ) from None
         new_id = new_config["configurable"]["checkpoint_id"]
+        # Refused here, the new checkpoint is rolled back with the transaction.
+        gates.check_continuation(
+            thread=thread,
+            graph=graph,
+            next_nodes=graph.get_state(new_config).next,
+            doing="this fork",
+        )
         record(
             tenant=thread.tenant,
             kind=events.THREAD_FORKED,
             actor=actor,
             thread_id=thread.thread_id,
-            data={"checkpoint_id": new_id, "parent_checkpoint_id": checkpoint_id},
+            data={
+                "checkpoint_id": new_id,
+                "parent_checkpoint_id": checkpoint_id,
+                "as_node": as_node or "",
+                # Channel names are the state's structure, not its content.
+                "channels": sorted(
+                    key for key in (values or {}) if key in graph.channels
+                )[:50],
+            },
         )
     return new_id

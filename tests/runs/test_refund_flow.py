@@ -176,28 +176,6 @@ def test_resume_of_a_thread_that_is_not_interrupted_is_409(worker):
     assert response.json()["code"] == "thread_not_interrupted"
 
 
-def test_raw_resume_over_rest_resumes_the_interrupt(worker):
-    tenant, client = tenant_with_client()
-    run_id = start_refund(client)
-    wait_run(client, "case-1", run_id, "interrupted")
-    interrupt_id = client.get("/api/v1/threads/case-1").json()["interrupts"][0]["id"]
-    value = {
-        "approved": False,
-        "note": "raw",
-        "reviewer": "ops",
-        "approval_id": "",
-        "args": {},
-    }
-    response = client.post(
-        "/api/v1/threads/case-1/resume",
-        {"resume": {interrupt_id: value}},
-        format="json",
-    )
-    assert response.status_code == 202, response.content
-    wait_run(client, "case-1", response.json()["run_id"], "succeeded")
-    assert DemoOutboxMessage.objects.for_tenant(tenant).get().kind == "refund_declined"
-
-
 def test_second_start_while_a_run_is_active_is_409(worker):
     _, client = tenant_with_client()
     start_refund(client)

@@ -11,7 +11,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--tenant", required=True, help="tenant slug")
         parser.add_argument(
-            "--scopes", required=True, help="comma-separated: runs,approvals,audit"
+            "--scopes",
+            required=True,
+            help="comma-separated: runs,approvals,audit,time_travel (time_travel: forks and runs from a checkpoint)",
         )
         parser.add_argument("--name", default="cli key")
 
