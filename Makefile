@@ -25,8 +25,11 @@ run: $(VENV)/.runtime
 test: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest
 
+# Ruff, and the import contracts of pyproject.toml (the allowed directions
+# between apps, no cycles inside one): CI runs it before the suite.
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 bench-checkpoints: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/checkpoints.py

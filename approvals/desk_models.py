@@ -1,7 +1,8 @@
 """The reviewer's desk: who opened a request, what they saw, who it is assigned to.
 
 Imported by `approvals.models`, so that Django registers these models with the
-approvals app; the desk's logic is in `approvals.desk`.
+approvals app; they name that module's models by label, so this module does
+not import it back. The desk's logic is in `approvals.desk`.
 
 A card is the request page as a reviewer saw it: a mapping of the fields shown
 (action, args, reason, context, earlier decisions, ...). It holds what the
@@ -19,7 +20,6 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, Decision
 from runs.models import Tenant, TenantOwnedQuerySet
 
 
@@ -34,7 +34,7 @@ class RequestOpening(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     request = models.ForeignKey(
-        ApprovalRequest, on_delete=models.CASCADE, related_name="openings"
+        "approvals.ApprovalRequest", on_delete=models.CASCADE, related_name="openings"
     )
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"
@@ -66,7 +66,7 @@ class DecisionSnapshot(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     decision = models.OneToOneField(
-        Decision, on_delete=models.CASCADE, related_name="snapshot"
+        "approvals.Decision", on_delete=models.CASCADE, related_name="snapshot"
     )
     opening = models.ForeignKey(
         RequestOpening, null=True, on_delete=models.SET_NULL, related_name="+"
@@ -91,7 +91,9 @@ class Assignment(models.Model):
     """The reviewer a compliance officer assigned a pending request to."""
 
     request = models.OneToOneField(
-        ApprovalRequest, on_delete=models.CASCADE, related_name="assignment"
+        "approvals.ApprovalRequest",
+        on_delete=models.CASCADE,
+        related_name="assignment",
     )
     assignee = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"

@@ -9,6 +9,13 @@ from django.db import models
 from django.db.models import Case, F, IntegerField, Q, Value, When
 from django.utils import timezone
 
+# The reviewer's desk models live in their own module; imported here so that
+# Django registers them with this app.
+from approvals.desk_models import (  # noqa: F401
+    Assignment,
+    DecisionSnapshot,
+    RequestOpening,
+)
 from runs.models import Run, Tenant, TenantOwnedQuerySet, Thread
 
 
@@ -148,8 +155,3 @@ class Decision(models.Model):
     def __str__(self) -> str:
         verdict = "approved" if self.approved else "denied"
         return f"{verdict} by {self.reviewer_label}"
-
-
-# The reviewer's desk models live in their own module; imported here so that
-# Django registers them with this app.
-from approvals.desk_models import Assignment, DecisionSnapshot, RequestOpening  # noqa: E402,F401,I001

@@ -38,9 +38,8 @@ from audit.models import AuditBlock, AuditChainHead, AuditEvent, AuditSequence
 from audit.services import Actor, purge_before, record
 from retention import services
 from retention.models import DeletionRequest
-from runs import storage
+from runs import dispatch, selectors, storage
 from runs.models import Checkpoint, Run, Tenant, Thread
-from runs.services import runs_recover_stalled
 
 logger = logging.getLogger(__name__)
 
@@ -352,17 +351,15 @@ def recover_runs(
     deadline: float | None = None,
     progress: Progress | None = None,
 ) -> SweepResult:
-    """Re-dispatch runs whose lease expired (runs.services.runs_recover_stalled).
+    """Re-dispatch runs whose lease expired (runs.dispatch.runs_recover_stalled).
 
     Counted per tenant before dispatching; the worker that claims a run takes
     it over from its last checkpoint and records `run.recovered`.
     """
     now = now or timezone.now()
     result = SweepResult()
-    expired = (
-        Run.objects.filter(status=Run.Status.RUNNING, lease_until__lt=now)
-        .order_by("lease_until")
-        .values_list("tenant_id", "tenant__slug", "thread__thread_id", "id")
+    expired = selectors.expired_leases(now=now).values_list(
+        "tenant_id", "tenant__slug", "thread__thread_id", "id"
     )[:batch_size]
     for tenant_id, slug, thread_id, run_id in expired:
         result.add(tenant_id, "expired_leases")
@@ -370,7 +367,7 @@ def recover_runs(
             f"re-dispatch run {run_id} ({slug}/{thread_id}): lease expired"
         )
     if not dry_run:
-        dispatched = runs_recover_stalled(batch_size=batch_size)
+        dispatched = dispatch.runs_recover_stalled(batch_size=batch_size)
         _tick(progress, sum(dispatched.values()))
     return result
 

@@ -43,12 +43,15 @@ from approvals.models import ApprovalRequest
 from audit import events
 from audit.services import Actor, record, thread_tombstone_record
 from retention.models import DeletionRequest, LegalHold, RetentionPolicy, ThreadRemoval
-from runs import storage
+from runs import dispatch, storage
 from runs.errors import InvalidRequest, StateConflict
 from runs.models import Run, Tenant, Thread
 from runs.services import run_cancel_active
 from runs.services.threads import subject_hash
 
+# The tasks that carry out deletion requests (retention.tasks), sent by name.
+CARRY_OUT_DELETION = "retention.carry_out_deletion"
+CARRY_OUT_DELETIONS = "retention.carry_out_deletions"
 RETENTION = Actor.system("retention")
 TTL_ACTOR = Actor.system("retention policy (checkpoint TTL)")
 _CHUNK = 500
@@ -272,7 +275,7 @@ def legal_hold_lift(*, hold: LegalHold, actor: Actor, reason: str = "") -> Legal
         },
     )
     if _has_waiting_requests(hold.tenant_id):
-        transaction.on_commit(_schedule_deletions)
+        dispatch.task_send_on_commit(CARRY_OUT_DELETIONS)
     return hold
 
 
@@ -504,7 +507,7 @@ def _accept(
             "status": request.status,
         },
     )
-    transaction.on_commit(lambda: _schedule_carry_out(request.pk))
+    _schedule_carry_out(request.pk)
     return request
 
 
@@ -667,12 +670,6 @@ def deletion_carry_out(
 
 
 def _schedule_carry_out(request_pk) -> None:
-    from retention.tasks import carry_out_deletion
-
-    carry_out_deletion.delay(str(request_pk))
-
-
-def _schedule_deletions() -> None:
-    from retention.tasks import carry_out_deletions
-
-    carry_out_deletions.delay()
+    """Carry the request out right after this transaction commits (the beat
+    job is the safety net: a lost message only delays the removal)."""
+    dispatch.task_send_on_commit(CARRY_OUT_DELETION, str(request_pk))

@@ -12,9 +12,8 @@ from __future__ import annotations
 from celery import shared_task
 from django.conf import settings
 
-from retention import jobs
+from retention import jobs, services
 from retention.models import DeletionRequest
-from retention.services import deletion_carry_out
 
 
 def _scheduled(name: str) -> dict[str, int]:
@@ -44,7 +43,7 @@ def close_orphaned_approvals() -> dict[str, int]:
     return _scheduled("close_orphaned_approvals")
 
 
-@shared_task(name="retention.carry_out_deletions", ignore_result=True)
+@shared_task(name=services.CARRY_OUT_DELETIONS, ignore_result=True)
 def carry_out_deletions() -> dict[str, int]:
     return _scheduled("carry_out_deletions")
 
@@ -54,13 +53,13 @@ def purge_audit() -> dict[str, int]:
     return _scheduled("purge_audit")
 
 
-@shared_task(name="retention.carry_out_deletion", acks_late=True, ignore_result=True)
+@shared_task(name=services.CARRY_OUT_DELETION, acks_late=True, ignore_result=True)
 def carry_out_deletion(request_id: str) -> None:
     """Carry out one request right after it was accepted (the beat job is the
     safety net: a lost message only delays the removal)."""
     request = DeletionRequest.objects.filter(pk=request_id).first()
     while request is not None:
-        step = deletion_carry_out(
+        step = services.deletion_carry_out(
             request=request, batch_size=settings.GATEHOUSE_RETENTION_BATCH_SIZE
         )
         if step is None or not step.removed or not step.request.is_open:

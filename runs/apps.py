@@ -1,11 +1,11 @@
 from django.apps import AppConfig
 from django.core.signals import setting_changed
 
+from runs import crypto, registry
+
 
 def _forget_cached_settings(*, setting: str, **kwargs) -> None:
     """Tests override settings; the caches built from them must follow."""
-    from runs import crypto, registry
-
     if setting in {"GATEHOUSE_MASTER_KEYS", "GATEHOUSE_MASTER_KEY_FILE", "DEBUG"}:
         crypto.keyring.cache_clear()
     if setting in {
@@ -21,7 +21,7 @@ class RunsConfig(AppConfig):
     verbose_name = "Tenants, threads and runs"
 
     def ready(self) -> None:
-        from runs import crypto, registry
+        from runs import tasks  # noqa: F401  registers the tasks runs.dispatch sends
         from runs.api import schema  # noqa: F401  registers the auth scheme
 
         setting_changed.connect(_forget_cached_settings)

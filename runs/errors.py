@@ -2,7 +2,18 @@
 
 from rest_framework import exceptions, status
 
-from runs.api.errors import ApiError
+
+class ApiError(exceptions.APIException):
+    """An error a service raises with a stable machine code, e.g. version_skew.
+
+    `extra` holds further members of the error body (say, the ids a client
+    needs to act on the error), beside code and message."""
+
+    extra: dict | None = None
+
+    def __init__(self, message: str, *, code: str, status_code: int) -> None:
+        super().__init__(detail=message, code=code)
+        self.status_code = status_code
 
 
 class InvalidRequest(exceptions.ValidationError):

@@ -1,7 +1,8 @@
 """Executing one run on a worker: claim it, hold its lease, run the graph, record.
 
 At-least-once: a run whose worker died (SIGKILL, a deploy) keeps its status
-`running` until its lease runs out; then `runs_recover_stalled` dispatches it
+`running` until its lease runs out; then `runs.dispatch.runs_recover_stalled`
+dispatches it
 again and the next worker takes it over. The graph continues from the run's
 last checkpoint; side effects inside it go through `runs.tools.side_effect`,
 so a repeated step does not repeat what already happened.
@@ -25,13 +26,13 @@ from langgraph.types import Command
 
 from audit import events
 from audit.services import Actor, record
+from runs import dispatch, selectors
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
 from runs.gates import gate_nodes_of
 from runs.graphs import compiled, ensure_nodes_exist, spec_for, thread_config
 from runs.models import Checkpoint, Run, Thread
-from runs.services.runs import dispatch_next, waiting_nodes
 from runs.signals import InterruptRejected, run_interrupted
 
 logger = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ def _invoke(run: Run, thread: Thread) -> Outcome:
     if run.kind == Run.Kind.RESUME:
         # The nodes recorded when the thread stopped: a graph that lost one of
         # them would silently resume nothing.
-        ensure_nodes_exist(graph, waiting_nodes(thread), key=spec.key)
+        ensure_nodes_exist(graph, selectors.waiting_nodes(thread), key=spec.key)
     cipher = ThreadCipher.for_thread(thread)
     graph_input, config = _graph_input(run, thread, cipher)
     context = RunContext(
@@ -260,7 +261,7 @@ def _finish(run_id: str, owner: str, outcome: Outcome) -> None:
             run_id=str(run.id),
             data=data,
         )
-        dispatch_next(thread)
+        dispatch.thread_dispatch_next(thread)
 
 
 def execute(run_id: str) -> None:
@@ -283,11 +284,3 @@ def execute(run_id: str) -> None:
     finally:
         heartbeat.stop()
     _finish(run_id, owner, outcome)
-
-
-def run_error_text(run: Run) -> str | None:
-    """The decrypted error of a failed run."""
-    if run.error is None:
-        return None
-    cipher = ThreadCipher.for_thread(run.thread)
-    return cipher.decrypt_value(run.error, row=("run-error", str(run.id)))

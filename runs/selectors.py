@@ -9,10 +9,13 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from django.db.models import Count
+from django.conf import settings
+from django.db.models import Count, Min
+from django.utils import timezone
 
+from runs.crypto import ThreadCipher
 from runs.graphs import compile_for, thread_config
-from runs.models import Tenant, Thread
+from runs.models import Run, Tenant, Thread
 
 IN_FLIGHT = (Thread.Status.RUNNING, Thread.Status.INTERRUPTED)
 
@@ -106,3 +109,65 @@ def threads_in_flight(tenant: Tenant) -> dict[tuple[str, str], int]:
         .annotate(count=Count("pk"))
     )
     return {(row["agent_name"], row["agent_version"]): row["count"] for row in rows}
+
+
+def waiting_nodes(thread: Thread) -> list[str]:
+    """The graph nodes the thread's last interrupted run stopped before."""
+    last = (
+        Run.objects.filter(thread=thread, status=Run.Status.INTERRUPTED)
+        .order_by("-created_at")
+        .values_list("next_nodes", flat=True)
+        .first()
+    )
+    return list(last or [])
+
+
+def run_error_text(run: Run) -> str | None:
+    """The decrypted error of a failed run."""
+    if run.error is None:
+        return None
+    cipher = ThreadCipher.for_thread(run.thread)
+    return cipher.decrypt_value(run.error, row=("run-error", str(run.id)))
+
+
+def expired_leases(*, now: datetime.datetime | None = None):
+    """Running runs whose lease ran out (their worker was lost), oldest first."""
+    return Run.objects.filter(
+        status=Run.Status.RUNNING, lease_until__lt=now or timezone.now()
+    ).order_by("lease_until")
+
+
+@dataclasses.dataclass(frozen=True)
+class StalledRuns:
+    expired_leases: list[uuid.UUID]
+    # Each the oldest queued run of a thread nothing runs on, queued longer
+    # than a lease ago: its task message was lost.
+    lost_messages: list[uuid.UUID]
+
+
+def stalled_runs(*, limit: int, now: datetime.datetime | None = None) -> StalledRuns:
+    """Runs that no worker will execute unless they are dispatched again."""
+    now = now or timezone.now()
+    expired = list(expired_leases(now=now).values_list("id", flat=True)[:limit])
+    stale_before = now - datetime.timedelta(
+        seconds=settings.GATEHOUSE_RUN_LEASE_SECONDS
+    )
+    busy_threads = Run.objects.filter(status=Run.Status.RUNNING).values("thread_id")
+    stalled_threads = list(
+        Run.objects.filter(status=Run.Status.QUEUED)
+        .exclude(thread_id__in=busy_threads)
+        .values("thread_id")
+        .annotate(oldest=Min("created_at"))
+        .filter(oldest__lt=stale_before)
+        .values_list("thread_id", flat=True)[:limit]
+    )
+    oldest = (
+        Run.objects.filter(thread_id=thread_pk, status=Run.Status.QUEUED)
+        .order_by("created_at")
+        .values_list("id", flat=True)
+        .first()
+        for thread_pk in stalled_threads
+    )
+    return StalledRuns(
+        expired_leases=expired, lost_messages=[run for run in oldest if run]
+    )

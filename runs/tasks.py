@@ -1,16 +1,16 @@
-"""Celery tasks of the runs app. Thin: the work is in runs.execution/services."""
+"""Celery tasks of the runs app. Thin: the work is in runs.execution and
+runs.dispatch, which names these tasks (so it does not import them)."""
 
 from celery import shared_task
 
-from runs import execution
-from runs.services import runs_recover_stalled
+from runs import dispatch, execution
 
 
-@shared_task(name="runs.execute_run", acks_late=True, reject_on_worker_lost=True)
+@shared_task(name=dispatch.EXECUTE_RUN, acks_late=True, reject_on_worker_lost=True)
 def execute_run(run_id: str) -> None:
     execution.execute(run_id)
 
 
-@shared_task(name="runs.recover_stalled_runs")
+@shared_task(name=dispatch.RECOVER_STALLED_RUNS)
 def recover_stalled_runs() -> dict[str, int]:
-    return runs_recover_stalled()
+    return dispatch.runs_recover_stalled()

@@ -6,24 +6,14 @@ import logging
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from runs.errors import ApiError
+
 logger = logging.getLogger(__name__)
-
-
-class ApiError(exceptions.APIException):
-    """An error a service raises with a stable machine code, e.g. version_skew.
-
-    `extra` holds further members of the error body (say, the ids a client
-    needs to act on the error), beside code and message."""
-
-    extra: dict | None = None
-
-    def __init__(self, message: str, *, code: str, status_code: int) -> None:
-        super().__init__(detail=message, code=code)
-        self.status_code = status_code
 
 
 class PayloadTooLarge(ApiError):
@@ -120,6 +110,4 @@ def server_error(request, *args, **kwargs):
         return json_error(
             request, "server_error", "Something went wrong on the server.", 500
         )
-    from django.views.defaults import server_error as html_server_error
-
-    return html_server_error(request)
+    return defaults.server_error(request)

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from runs import selectors
 from runs.models import Run, Thread
 
 
@@ -98,9 +99,7 @@ class RunSerializer(serializers.ModelSerializer):
         ]
 
     def get_error(self, run: Run) -> str | None:
-        from runs.execution import run_error_text
-
-        return run_error_text(run)
+        return selectors.run_error_text(run)
 
 
 class RunQueuedSerializer(serializers.Serializer):

@@ -5,7 +5,6 @@ from runs.services.runs import (
     run_cancel_active,
     run_resume,
     run_start,
-    runs_recover_stalled,
 )
 from runs.services.tenancy import (
     IssuedApiKey,
@@ -30,7 +29,6 @@ __all__ = [
     "run_cancel_active",
     "run_resume",
     "run_start",
-    "runs_recover_stalled",
     "tenant_create",
     "thread_create",
     "thread_fork",

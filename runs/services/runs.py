@@ -1,23 +1,21 @@
-"""Run use cases: start, resume, cancel, and re-dispatching stalled runs.
+"""Run use cases: start, resume, cancel.
 
-A run is queued in the database and executed by `runs.tasks.execute_run` on a
-worker (see runs.execution). One run of a thread executes at a time: runs of a
-thread queue in creation order, and each finishing run dispatches the next.
+A run is queued in the database, dispatched once that commits (runs.dispatch)
+and executed on a worker (runs.execution). One run of a thread executes at a
+time: runs of a thread queue in creation order, and each finishing run
+dispatches the next.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
-from django.db.models import Min
 from django.utils import timezone
 
 from audit import events
 from audit.services import Actor, record
-from runs import gates, registry
+from runs import dispatch, gates, registry, selectors
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.graphs import (
@@ -28,25 +26,6 @@ from runs.graphs import (
     thread_config,
 )
 from runs.models import Run, Thread
-
-
-def dispatch(run_id) -> None:
-    """Queue the Celery task once the current transaction has committed."""
-    from runs.tasks import execute_run
-
-    transaction.on_commit(lambda: execute_run.delay(str(run_id)))
-
-
-def dispatch_next(thread: Thread) -> None:
-    """Dispatch the thread's oldest queued run, if any."""
-    next_run = (
-        Run.objects.filter(thread=thread, status=Run.Status.QUEUED)
-        .order_by("created_at")
-        .values_list("id", flat=True)
-        .first()
-    )
-    if next_run is not None:
-        dispatch(next_run)
 
 
 def _lock(thread: Thread) -> Thread:
@@ -99,7 +78,7 @@ def _queue(
             "version": thread.agent_version,
         },
     )
-    dispatch(run.id)
+    dispatch.run_dispatch(run.id)
     return run
 
 
@@ -176,17 +155,6 @@ def _check_replay(thread: Thread, checkpoint_id: str) -> None:
         )
 
 
-def waiting_nodes(thread: Thread) -> list[str]:
-    """The graph nodes the thread's last interrupted run stopped before."""
-    last = (
-        Run.objects.filter(thread=thread, status=Run.Status.INTERRUPTED)
-        .order_by("-created_at")
-        .values_list("next_nodes", flat=True)
-        .first()
-    )
-    return list(last or [])
-
-
 @transaction.atomic
 def run_resume(
     *, thread: Thread, resume: Any, actor: Actor, behind_active_run: bool = False
@@ -214,7 +182,7 @@ def run_resume(
     spec = spec_for(thread)
     graph = compiled(spec, thread.tenant)
     if not active:
-        ensure_nodes_exist(graph, waiting_nodes(thread), key=spec.key)
+        ensure_nodes_exist(graph, selectors.waiting_nodes(thread), key=spec.key)
     gates.check_resume(thread=thread, graph=graph, resume=resume)
     return _queue(thread=thread, kind=Run.Kind.RESUME, actor=actor, resume_value=resume)
 
@@ -240,42 +208,3 @@ def run_cancel_active(*, thread: Thread, actor: Actor, reason: str) -> int:
         )
         cancelled += 1
     return cancelled
-
-
-def runs_recover_stalled(*, batch_size: int = 200) -> dict[str, int]:
-    """Re-dispatch runs whose worker was lost, and queued runs nobody picked up.
-
-    A running run whose lease expired is dispatched again; the worker that
-    claims it takes it over from its last checkpoint (runs.execution). A
-    thread whose oldest queued run has waited longer than a lease while no run
-    of it executes lost its task message; it is dispatched again. Dispatching
-    twice is harmless: claiming a run is exclusive.
-    """
-    from runs.tasks import execute_run
-
-    now = timezone.now()
-    expired = list(
-        Run.objects.filter(status=Run.Status.RUNNING, lease_until__lt=now)
-        .order_by("lease_until")
-        .values_list("id", flat=True)[:batch_size]
-    )
-    stale_before = now - timedelta(seconds=settings.GATEHOUSE_RUN_LEASE_SECONDS)
-    busy_threads = Run.objects.filter(status=Run.Status.RUNNING).values("thread_id")
-    stalled = list(
-        Run.objects.filter(status=Run.Status.QUEUED)
-        .exclude(thread_id__in=busy_threads)
-        .values("thread_id")
-        .annotate(oldest=Min("created_at"))
-        .filter(oldest__lt=stale_before)
-        .values_list("thread_id", flat=True)[:batch_size]
-    )
-    stalled_runs = [
-        Run.objects.filter(thread_id=thread_pk, status=Run.Status.QUEUED)
-        .order_by("created_at")
-        .values_list("id", flat=True)
-        .first()
-        for thread_pk in stalled
-    ]
-    for run_id in [*expired, *filter(None, stalled_runs)]:
-        execute_run.delay(str(run_id))
-    return {"expired_leases": len(expired), "stalled_queued": len(stalled)}

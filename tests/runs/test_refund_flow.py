@@ -199,7 +199,7 @@ def test_agent_error_fails_the_run_and_keeps_the_thread_readable(worker):
 def test_worker_killed_inside_the_refund_step_pays_exactly_once(worker):
     """SIGKILL after the provider recorded the payment but before the ledger
     did: the run is taken over and the retry is deduplicated downstream."""
-    from runs.services import runs_recover_stalled
+    from runs.dispatch import runs_recover_stalled
     from tests.workers import Worker
 
     tenant, client = tenant_with_client()

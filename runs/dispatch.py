@@ -1,0 +1,66 @@
+"""Sending work to the Celery workers: the one place runs are dispatched.
+
+A run is queued in the database first (runs.services) and its task is sent
+once that transaction commits (Celery's `delay_on_commit`): a worker never
+looks for a run that is not there yet, and a rolled-back run sends nothing.
+Runs of a thread execute one at a time, in creation order: a run that ends
+dispatches the thread's next queued run (runs.execution), and a beat sweep
+re-dispatches runs whose worker or task message was lost
+(`runs_recover_stalled`). Dispatching twice is harmless: claiming a run is
+exclusive.
+
+Tasks are named here, not imported: the tasks (runs.tasks and other apps')
+call the code that dispatches, so the code that dispatches names them. The
+names are stable; beat's schedule refers to them too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import current_app
+
+from runs import selectors
+from runs.models import Run, Thread
+
+EXECUTE_RUN = "runs.execute_run"
+RECOVER_STALLED_RUNS = "runs.recover_stalled_runs"
+
+
+def task_send_on_commit(name: str, *args: Any) -> None:
+    """Send the task `name` when the current transaction commits (at once,
+    outside a transaction)."""
+    current_app.tasks[name].delay_on_commit(*args)
+
+
+def run_dispatch(run_id) -> None:
+    task_send_on_commit(EXECUTE_RUN, str(run_id))
+
+
+def thread_dispatch_next(thread: Thread) -> None:
+    """Dispatch the thread's oldest queued run, if any."""
+    next_run = (
+        Run.objects.filter(thread=thread, status=Run.Status.QUEUED)
+        .order_by("created_at")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if next_run is not None:
+        run_dispatch(next_run)
+
+
+def runs_recover_stalled(*, batch_size: int = 200) -> dict[str, int]:
+    """Re-dispatch runs whose worker was lost, and queued runs nobody picked up
+    (`runs.selectors.stalled_runs` says which).
+
+    A running run whose lease expired is dispatched again; the worker that
+    claims it takes it over from its last checkpoint (runs.execution). A
+    thread's oldest queued run that lost its task message is dispatched again.
+    """
+    stalled = selectors.stalled_runs(limit=batch_size)
+    for run_id in [*stalled.expired_leases, *stalled.lost_messages]:
+        run_dispatch(run_id)
+    return {
+        "expired_leases": len(stalled.expired_leases),
+        "stalled_queued": len(stalled.lost_messages),
+    }
