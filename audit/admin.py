@@ -17,7 +17,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from audit import events, selectors, services
+from audit import anchors, events, selectors, services
 from audit.models import AuditBlock, AuditEvent, AuditVerification
 from runs.admin_scoping import TenantScopedAdmin, has_role, tenant_ids_for
 from runs.models import Role, Tenant
@@ -91,8 +91,13 @@ def latest_verifications(request):
         .exclude(latest=None)
         .values_list("latest", flat=True)
     )
-    rows = AuditVerification.objects.filter(pk__in=list(ids)).select_related("tenant")
-    return sorted(rows, key=lambda row: (row.ok, row.tenant.slug))[:50]
+    rows = list(
+        AuditVerification.objects.filter(pk__in=list(ids)).select_related("tenant")
+    )
+    for row in rows:
+        row.signed = anchors.verification_is_signed(row)
+    # Broken and unsigned (written behind Gatehouse's back) first.
+    return sorted(rows, key=lambda row: (row.ok and row.signed, row.tenant.slug))[:50]
 
 
 @admin.register(AuditEvent)
@@ -229,6 +234,7 @@ class AuditVerificationAdmin(ReadOnlyAuditAdmin):
         "first_bad_seq",
         "problem",
         "checked_by",
+        "signed",
     ]
     list_filter = [TenantFilter, "ok"]
     list_select_related = ["tenant"]
@@ -246,7 +252,14 @@ class AuditVerificationAdmin(ReadOnlyAuditAdmin):
         "head_seq",
         "head_hash",
         "checked_by",
+        "against_seq",
+        "against_hash",
+        "signed",
     ]
+
+    @admin.display(boolean=True, description="signed by Gatehouse")
+    def signed(self, obj: AuditVerification) -> bool:
+        return anchors.verification_is_signed(obj)
 
     def get_urls(self):
         urls = [

@@ -91,7 +91,8 @@ class AuditBlock(models.Model):
     the events, so sealing never updates an event row (the events table
     refuses updates). `leaves` holds the first 8 bytes of each event's digest,
     in order: verification uses them to name the first event that no longer
-    matches, while `events_hash` covers the full digests.
+    matches, while `events_hash` covers the full digests. `block_hash` is an
+    HMAC under the audit key `key_id`, which is not in the database.
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
@@ -101,6 +102,9 @@ class AuditBlock(models.Model):
     leaves = models.BinaryField()
     prev_hash = models.CharField(max_length=64)
     block_hash = models.CharField(max_length=64)
+    # The audit key that sealed the block (GATEHOUSE_AUDIT_KEYS); empty for a
+    # block sealed before seals were keyed (see audit_reseal_legacy).
+    key_id = models.CharField(max_length=64, blank=True, default="")
     sealed_at = models.DateTimeField()
 
     objects = TenantOwnedQuerySet.as_manager()
@@ -146,10 +150,15 @@ class AuditChainHead(models.Model):
 
 
 class AuditVerification(models.Model):
-    """The outcome of one recomputation of a tenant's chain."""
+    """The outcome of one recomputation of a tenant's chain, signed.
+
+    Rows are append-only (a trigger on Postgres) and signed with the audit key,
+    so a row written behind the application's back (a forged "ok") shows as
+    such in the admin.
+    """
 
     tenant = models.ForeignKey(
-        Tenant, on_delete=models.CASCADE, related_name="audit_verifications"
+        Tenant, on_delete=models.PROTECT, related_name="audit_verifications"
     )
     checked_at = models.DateTimeField(default=timezone.now, db_index=True)
     ok = models.BooleanField()
@@ -161,6 +170,11 @@ class AuditVerification(models.Model):
     head_seq = models.BigIntegerField(default=0)
     head_hash = models.CharField(max_length=64, blank=True)
     checked_by = models.CharField(max_length=200, blank=True)
+    # The head saved earlier that the chain was checked against, if any.
+    against_seq = models.BigIntegerField(null=True, blank=True)
+    against_hash = models.CharField(max_length=64, blank=True)
+    key_id = models.CharField(max_length=64, blank=True)
+    signature = models.CharField(max_length=64, blank=True)
 
     objects = TenantOwnedQuerySet.as_manager()
 

@@ -1,10 +1,19 @@
-"""Tamper evidence: each tenant's events sealed into a chain of hashed blocks.
+"""Tamper evidence: each tenant's events sealed into a chain of keyed blocks.
 
 Every minute, `seal_all()` (the `audit.seal` beat task) takes each tenant's
 committed events that no block covers yet and seals them into an `AuditBlock`:
-the SHA-256 of the events' digests, the previous block's hash, and a hash over
-all of it. Changing, removing or adding an event afterwards changes a digest,
-and `verify_tenant()` names the first sequence number that no longer matches.
+the SHA-256 of the events' digests, the previous block's hash, and an
+HMAC-SHA256 over all of it under the active audit key (`GATEHOUSE_AUDIT_KEYS`,
+runs.crypto), whose id the block keeps. Changing, removing or adding an event
+afterwards changes a digest, and `verify_tenant()` names the first sequence
+number that no longer matches. The key never enters the database, so whoever
+can write the audit tables but not read the application's configuration
+cannot re-seal what they changed. Rotation: a new key seals new blocks; old
+blocks verify under the key id they name, which stays in the ring.
+
+Blocks sealed before seals were keyed (`key_id` empty, a plain SHA-256) no
+longer verify: `manage.py audit_reseal_legacy` checks them once with the old
+formula and re-seals them under the key (docs/audit.md).
 
 Why sealing never holds up the writers of events:
 
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import hmac
 import json
 import logging
 import time
@@ -43,6 +53,7 @@ from django.utils import timezone
 from audit import events
 from audit.expressions import json_text, timestamp_text
 from audit.models import AuditBlock, AuditChainHead, AuditEvent, AuditSequence
+from runs.crypto import AUDIT_KEYS_SETTING, audit_keyring, audit_mac
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +77,9 @@ HASHED_FIELDS = (
     "data",
 )
 _EVENT_TAG = "gatehouse.audit.event.v1"
-_BLOCK_TAG = "gatehouse.audit.block.v1"
+_BLOCK_TAG = "gatehouse.audit.block.v2"
+# Blocks sealed before seals were keyed: a plain SHA-256 anyone can recompute.
+_LEGACY_BLOCK_TAG = "gatehouse.audit.block.v1"
 
 
 def _number(text: str) -> int | float:
@@ -82,13 +95,13 @@ _encode = json.JSONEncoder(
 ).encode
 
 
-def _timestamp(value: datetime.datetime | str) -> str:
+def utc_text(value: datetime.datetime | str) -> str:
     if isinstance(value, str):  # printed by Postgres in this very form
         return value
     return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _canonical(payload: list) -> bytes:
+def canonical(payload: list) -> bytes:
     return _encode(payload).encode()
 
 
@@ -108,12 +121,13 @@ def event_digest(tenant_id: int, row: tuple) -> bytes:
     seq, occurred_at, *columns, data = row
     if not isinstance(data, str):
         data = json.dumps(data)
-    payload = [_EVENT_TAG, tenant_id, seq, _timestamp(occurred_at), *columns]
+    payload = [_EVENT_TAG, tenant_id, seq, utc_text(occurred_at), *columns]
     payload.append(_decode(data))
-    return hashlib.sha256(_canonical(payload)).digest()
+    return hashlib.sha256(canonical(payload)).digest()
 
 
-def block_hash(
+def _block_payload(
+    tag: str,
     *,
     tenant_id: int,
     first_seq: int,
@@ -122,18 +136,46 @@ def block_hash(
     leaves: bytes,
     prev_hash: str,
     sealed_at: datetime.datetime,
-) -> str:
-    payload = [
-        _BLOCK_TAG,
+) -> list:
+    return [
+        tag,
         tenant_id,
         first_seq,
         last_seq,
         events_hash,
         hashlib.sha256(leaves).hexdigest(),
         prev_hash,
-        _timestamp(sealed_at),
+        utc_text(sealed_at),
     ]
-    return hashlib.sha256(_canonical(payload)).hexdigest()
+
+
+def block_fields(block: AuditBlock) -> dict:
+    """The fields of a stored block that its seal covers, as block_hash()
+    and seal_problem() take them."""
+    return {
+        "first_seq": block.first_seq,
+        "last_seq": block.last_seq,
+        "events_hash": block.events_hash,
+        "leaves": bytes(block.leaves),
+        "prev_hash": block.prev_hash,
+        "sealed_at": block.sealed_at,
+    }
+
+
+def block_hash(*, key_id: str, **fields) -> str:
+    """A block's seal: HMAC-SHA256 under the audit key `key_id` over the
+    block's fields and the key id itself.
+
+    KeyError when the audit key ring no longer holds `key_id`.
+    """
+    payload = [*_block_payload(_BLOCK_TAG, **fields), key_id]
+    return audit_mac(canonical(payload), key_id=key_id)
+
+
+def legacy_block_hash(**fields) -> str:
+    """The unkeyed hash of a block sealed before seals were keyed."""
+    payload = _block_payload(_LEGACY_BLOCK_TAG, **fields)
+    return hashlib.sha256(canonical(payload)).hexdigest()
 
 
 # --- Sealing ------------------------------------------------------------------
@@ -195,7 +237,9 @@ def seal_tenant(*, tenant_id: int, max_events: int | None = None) -> int:
         leaves = b"".join(digest[:LEAF_BYTES] for digest in digests)
         prev_hash = head.block_hash or GENESIS_HASH
         sealed_at = timezone.now()
+        key_id = audit_keyring().active_id
         this_hash = block_hash(
+            key_id=key_id,
             tenant_id=tenant_id,
             first_seq=first_seq,
             last_seq=last_seq,
@@ -212,6 +256,7 @@ def seal_tenant(*, tenant_id: int, max_events: int | None = None) -> int:
             leaves=leaves,
             prev_hash=prev_hash,
             block_hash=this_hash,
+            key_id=key_id,
             sealed_at=sealed_at,
         )
         AuditChainHead.objects.filter(pk=head.pk).update(
@@ -310,7 +355,7 @@ class _Rows:
         return row
 
 
-def _purge_anchor(tenant_id: int) -> tuple[int, str]:
+def chain_start(tenant_id: int) -> tuple[int, str]:
     """Where the chain starts after retention purges: (first seq, prev hash)."""
     data = (
         AuditEvent.objects.filter(tenant_id=tenant_id, kind=events.AUDIT_PURGED.name)
@@ -323,8 +368,38 @@ def _purge_anchor(tenant_id: int) -> tuple[int, str]:
     return int(data["through_seq"]) + 1, str(data["anchor_hash"])
 
 
-def _check(tenant_id: int) -> ChainCheck:
-    start, prev_hash = _purge_anchor(tenant_id)
+def seal_problem(
+    *, tenant_id: int, key_id: str, stored_hash: str, allow_legacy: bool, **fields
+) -> str:
+    """Why a block's stored seal is not what its fields give; "" if it is."""
+    span = f"block #{fields['first_seq']}-{fields['last_seq']}"
+    if not key_id:
+        if not allow_legacy:
+            return (
+                f"{span} was sealed without an audit key (before seals were "
+                "keyed); run manage.py audit_reseal_legacy"
+            )
+        recomputed = legacy_block_hash(tenant_id=tenant_id, **fields)
+    else:
+        try:
+            recomputed = block_hash(key_id=key_id, tenant_id=tenant_id, **fields)
+        except KeyError:
+            return (
+                f"{span} was sealed with audit key {key_id!r}, which is not in "
+                f"{AUDIT_KEYS_SETTING}"
+            )
+    if not hmac.compare_digest(recomputed, stored_hash):
+        return f"{span} was altered after sealing"
+    return ""
+
+
+def _check(
+    tenant_id: int,
+    *,
+    against: tuple[int, str] | None = None,
+    allow_legacy: bool = False,
+) -> ChainCheck:
+    start, prev_hash = chain_start(tenant_id)
     committed = _committed_seq(tenant_id)
     blocks = events_sealed = unsealed = 0
     head_seq, head_hash = start - 1, prev_hash
@@ -349,6 +424,17 @@ def _check(tenant_id: int) -> ChainCheck:
     )
     if leftover is not None:
         return result(leftover, f"event #{leftover} should have been purged")
+    anchor_seq, anchor_hash = against or (None, "")
+    if anchor_seq is not None and anchor_seq < start - 1:
+        return result(
+            anchor_seq,
+            f"the saved head #{anchor_seq} was purged by retention (through "
+            f"#{start - 1}); it can no longer be checked: keep a newer one",
+        )
+    if anchor_seq == start - 1 and not hmac.compare_digest(anchor_hash, prev_hash):
+        return result(
+            start, f"the chain no longer starts from the saved head #{anchor_seq}"
+        )
 
     rows = _Rows(
         hashed_rows(
@@ -368,6 +454,7 @@ def _check(tenant_id: int) -> ChainCheck:
             "prev_hash",
             "block_hash",
             "sealed_at",
+            "key_id",
         )
         .iterator(chunk_size=200)
     )
@@ -380,6 +467,7 @@ def _check(tenant_id: int) -> ChainCheck:
         block_prev,
         stored_hash,
         sealed_at,
+        key_id,
     ) in block_rows:
         span = f"block #{first}-{last}"
         if first != expected:
@@ -390,8 +478,13 @@ def _check(tenant_id: int) -> ChainCheck:
         if block_prev != prev_hash:
             return result(first, f"{span} does not chain to the previous block")
         leaves = bytes(leaves)
-        recomputed = block_hash(
+        if len(leaves) != (last - first + 1) * LEAF_BYTES:
+            return result(first, f"{span} was altered after sealing")
+        problem = seal_problem(
             tenant_id=tenant_id,
+            key_id=key_id,
+            stored_hash=stored_hash,
+            allow_legacy=allow_legacy,
             first_seq=first,
             last_seq=last,
             events_hash=events_hash,
@@ -399,8 +492,8 @@ def _check(tenant_id: int) -> ChainCheck:
             prev_hash=block_prev,
             sealed_at=sealed_at,
         )
-        if recomputed != stored_hash or len(leaves) != (last - first + 1) * LEAF_BYTES:
-            return result(first, f"{span} was altered after sealing")
+        if problem:
+            return result(first, problem)
         running = hashlib.sha256()
         for index, seq in enumerate(range(first, last + 1)):
             row = rows.peek()
@@ -416,11 +509,26 @@ def _check(tenant_id: int) -> ChainCheck:
             running.update(digest)
         if running.hexdigest() != events_hash:
             return result(first, f"the events of {span} do not match its hash")
+        if anchor_seq is not None and first <= anchor_seq <= last:
+            # A saved head is the end of a block whose seal it copied: any
+            # other block here means the history up to it was sealed anew.
+            if anchor_seq != last or not hmac.compare_digest(anchor_hash, stored_hash):
+                return result(
+                    first,
+                    f"{span} is not the block of the saved head #{anchor_seq}: "
+                    "history up to it was rewritten and sealed again",
+                )
         blocks += 1
         events_sealed += last - first + 1
         prev_hash, expected = stored_hash, last + 1
         head_seq, head_hash = last, stored_hash
 
+    if anchor_seq is not None and anchor_seq > head_seq:
+        return result(
+            head_seq + 1,
+            f"the sealed chain ends at #{head_seq}, before the saved head "
+            f"#{anchor_seq}: sealed history was removed",
+        )
     # Events after the last block are not sealed yet; they must still be the
     # gap-free numbers that record() handed out.
     while (row := rows.pop()) is not None:
@@ -436,8 +544,18 @@ def _check(tenant_id: int) -> ChainCheck:
     return result(None)
 
 
-def verify_tenant(*, tenant_id: int) -> ChainCheck:
+def verify_tenant(
+    *,
+    tenant_id: int,
+    against: tuple[int, str] | None = None,
+    allow_legacy: bool = False,
+) -> ChainCheck:
     """Recompute a tenant's chain from its blocks and events.
+
+    `against` is a head saved earlier, `(head_seq, head_hash)`: the chain must
+    still contain that very block, which proves that no history up to it was
+    rewritten, re-sealed or removed since. `allow_legacy` accepts blocks
+    sealed without a key (for audit_reseal_legacy only).
 
     On Postgres the check reads one REPEATABLE READ snapshot, so a seal or a
     purge that commits meanwhile cannot make a sound chain look broken.
@@ -448,5 +566,5 @@ def verify_tenant(*, tenant_id: int) -> ChainCheck:
                 cursor.execute(
                     "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
                 )
-            return _check(tenant_id)
-    return _check(tenant_id)
+            return _check(tenant_id, against=against, allow_legacy=allow_legacy)
+    return _check(tenant_id, against=against, allow_legacy=allow_legacy)

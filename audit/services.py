@@ -13,7 +13,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from audit import events, sealing
+from audit import anchors, events, sealing
 from audit.models import (
     ActorType,
     AuditBlock,
@@ -190,16 +190,28 @@ class PurgeResult:
     event: AuditEvent | None
 
 
-def _purge_mode(on: bool) -> None:
-    """Lift (or restore) the append-only triggers for this transaction at most
-    (Postgres). Restored explicitly as well: the caller's transaction may go
-    on after the purge."""
+def _delete_through(tenant: Tenant, through_seq: int) -> tuple[int, int]:
+    """Delete the tenant's events and blocks up to `through_seq`, the end of a
+    block: (events, blocks).
+
+    On Postgres through `audit_purge_through()`, the only way past the
+    append-only triggers: a function owned by the tables' owner, which the
+    application role may call but not imitate (migration 0008).
+    """
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT set_config('gatehouse.audit_purge', %s, true)",
-                ["on" if on else "off"],
+                "SELECT events, blocks FROM audit_purge_through(%s, %s)",
+                [tenant.pk, through_seq],
             )
+            return cursor.fetchone()
+    events, _ = (
+        AuditEvent.objects.for_tenant(tenant).filter(seq__lte=through_seq).delete()
+    )
+    blocks, _ = (
+        AuditBlock.objects.for_tenant(tenant).filter(last_seq__lte=through_seq).delete()
+    )
+    return events, blocks
 
 
 @transaction.atomic
@@ -234,20 +246,11 @@ def purge_before(
     last_block = (
         candidates.order_by("-last_seq").values_list("last_seq", "block_hash").first()
     )
-    start, _ = sealing._purge_anchor(tenant.pk)
+    start, _ = sealing.chain_start(tenant.pk)
     if last_block is None or last_block[0] < start:
         return PurgeResult(through_seq=start - 1, events=0, blocks=0, event=None)
     through_seq, anchor_hash = last_block
-    # On an error, the rollback (to this function's savepoint when nested)
-    # reverts the setting with everything else.
-    _purge_mode(True)
-    purged_events, _ = (
-        AuditEvent.objects.for_tenant(tenant).filter(seq__lte=through_seq).delete()
-    )
-    purged_blocks, _ = (
-        AuditBlock.objects.for_tenant(tenant).filter(last_seq__lte=through_seq).delete()
-    )
-    _purge_mode(False)
+    purged_events, purged_blocks = _delete_through(tenant, through_seq)
     event = record(
         tenant=tenant,
         kind=events.AUDIT_PURGED,
@@ -268,11 +271,24 @@ def purge_before(
     )
 
 
-def audit_verify(*, tenant: Tenant, checked_by: str = "") -> AuditVerification:
-    """Recompute the tenant's chain and keep the outcome for the admin."""
-    check = sealing.verify_tenant(tenant_id=tenant.pk)
-    return AuditVerification.objects.create(
+def audit_verify(
+    *, tenant: Tenant, checked_by: str = "", against: anchors.SignedHead | None = None
+) -> AuditVerification:
+    """Recompute the tenant's chain and keep the outcome, signed, for the admin.
+
+    With `against`, a head saved earlier (audit_anchor, /audit/head), the
+    chain must still hold that very block; a head this Gatehouse did not sign
+    for this tenant raises anchors.InvalidHead before anything is checked.
+    """
+    if against is not None:
+        anchors.head_check(against, tenant=tenant)
+    check = sealing.verify_tenant(
+        tenant_id=tenant.pk,
+        against=None if against is None else (against.head_seq, against.head_hash),
+    )
+    verification = AuditVerification(
         tenant=tenant,
+        checked_at=timezone.now(),
         ok=check.ok,
         blocks=check.blocks,
         events=check.events,
@@ -282,4 +298,9 @@ def audit_verify(*, tenant: Tenant, checked_by: str = "") -> AuditVerification:
         head_seq=check.head_seq,
         head_hash=check.head_hash,
         checked_by=checked_by[:200],
+        against_seq=None if against is None else against.head_seq,
+        against_hash="" if against is None else against.head_hash,
     )
+    anchors.verification_sign(verification)
+    verification.save()
+    return verification

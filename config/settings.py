@@ -211,6 +211,10 @@ CELERY_TASK_ALWAYS_EAGER = False
 # Parsed and validated in runs.crypto (and nowhere else).
 GATEHOUSE_MASTER_KEYS = env.str("GATEHOUSE_MASTER_KEYS", default="")
 GATEHOUSE_MASTER_KEY_FILE = VAR_DIR / "master.key"
+# The audit key ring, same format: HMAC keys that seal the audit trail's blocks
+# and sign its heads. Kept out of the database on purpose (docs/security.md).
+GATEHOUSE_AUDIT_KEYS = env.str("GATEHOUSE_AUDIT_KEYS", default="")
+GATEHOUSE_AUDIT_KEY_FILE = VAR_DIR / "audit.key"
 # Key of the audit trail's argument digests (audit.redaction); unset, derived
 # from SECRET_KEY. Set it to keep digests comparable across a SECRET_KEY rotation.
 GATEHOUSE_AUDIT_DIGEST_KEY = env.str("GATEHOUSE_AUDIT_DIGEST_KEY", default="")

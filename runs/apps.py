@@ -8,6 +8,8 @@ def _forget_cached_settings(*, setting: str, **kwargs) -> None:
     """Tests override settings; the caches built from them must follow."""
     if setting in {"GATEHOUSE_MASTER_KEYS", "GATEHOUSE_MASTER_KEY_FILE", "DEBUG"}:
         crypto.keyring.cache_clear()
+    if setting in {"GATEHOUSE_AUDIT_KEYS", "GATEHOUSE_AUDIT_KEY_FILE", "DEBUG"}:
+        crypto.audit_keyring.cache_clear()
     if setting in {
         "GATEHOUSE_AGENTS",
         "GATEHOUSE_BUILTIN_AGENTS",
@@ -25,7 +27,8 @@ class RunsConfig(AppConfig):
         from runs.api import schema  # noqa: F401  registers the auth scheme
 
         setting_changed.connect(_forget_cached_settings)
-        # Fail at start-up, not at the first use, when the master key ring or
-        # the agent registry is misconfigured.
+        # Fail at start-up, not at the first use, when a key ring or the agent
+        # registry is misconfigured.
         crypto.keyring()
+        crypto.audit_keyring()
         registry.agents()

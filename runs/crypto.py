@@ -1,4 +1,4 @@
-"""The master key ring and every use of it: the one place Gatehouse does crypto.
+"""The key rings and every use of them: the one place Gatehouse does crypto.
 
 Pure: it reads no model and writes no row. The rows that hold keys and
 ciphertext are handled by `runs.storage` (shredding, deletion, rotation).
@@ -38,6 +38,12 @@ work from a freshly read `Thread`.
 Unwrapped keys are cached per process, keyed by the wrapped bytes, so building
 one is cheap.
 
+The audit key ring, `GATEHOUSE_AUDIT_KEYS`, has the same format and rules
+(ids, the first one active) and a single use: `audit_mac()`, the HMAC-SHA256
+that seals the audit trail's blocks and signs its heads (audit.sealing). It
+lives outside the database, so someone who can write the audit tables cannot
+forge a seal.
+
 `new_data_key()` makes a thread's key (`Thread.objects.create_with_data_key`
 calls it), `rewrap_data_key()` moves one to the active master key
 (`runs.storage.data_keys_rotate`), `forget_data_key()` drops a destroyed one
@@ -49,6 +55,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -74,14 +82,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MASTER_KEY_BYTES = 32
+MASTER_KEYS_SETTING = "GATEHOUSE_MASTER_KEYS"
+AUDIT_KEYS_SETTING = "GATEHOUSE_AUDIT_KEYS"
 
 
 @dataclass(frozen=True)
 class KeyRing:
-    """Master keys by id; the first one wraps new data keys."""
+    """Keys by id, as configured in `setting`; the first one is the active key.
+
+    Two rings share this shape: the master keys (the active one wraps new data
+    keys) and the audit keys (the active one seals new audit blocks).
+    """
 
     active_id: str
     keys: dict[str, bytes]
+    setting: str = MASTER_KEYS_SETTING
     # Unwrapped data keys; it lives and dies with the ring, so a changed ring
     # (a key removed) is never hidden by a cached key.
     data_keys: dict[tuple, AESGCM] = field(
@@ -93,12 +108,20 @@ class KeyRing:
             return self.keys[key_id]
         except KeyError:
             raise KeyError(
-                f"master key {key_id!r} is not in GATEHOUSE_MASTER_KEYS; "
-                "a key may leave the ring only after rotate_master_key has run"
+                f"key {key_id!r} is not in {self.setting}; {_RETIREMENT[self.setting]}"
             ) from None
 
 
-def parse_keyring(spec: str) -> KeyRing:
+# When a key may leave each ring.
+_RETIREMENT = {
+    MASTER_KEYS_SETTING: "a key may leave the ring only after rotate_master_key "
+    "has run",
+    AUDIT_KEYS_SETTING: "an audit key must stay in the ring as long as blocks it "
+    "sealed are kept",
+}
+
+
+def parse_keyring(spec: str, *, setting: str = MASTER_KEYS_SETTING) -> KeyRing:
     """Parse "id:base64key,id2:base64key2" (first is active) into a KeyRing."""
     keys: dict[str, bytes] = {}
     for position, entry in enumerate(part.strip() for part in spec.split(",")):
@@ -107,25 +130,25 @@ def parse_keyring(spec: str) -> KeyRing:
         key_id, sep, encoded = entry.partition(":")
         if not sep or not key_id:
             raise ImproperlyConfigured(
-                f"GATEHOUSE_MASTER_KEYS entry {position + 1} is not 'id:base64key'"
+                f"{setting} entry {position + 1} is not 'id:base64key'"
             )
         try:
             key = base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError):
             raise ImproperlyConfigured(
-                f"GATEHOUSE_MASTER_KEYS key {key_id!r} is not valid base64"
+                f"{setting} key {key_id!r} is not valid base64"
             ) from None
         if len(key) != MASTER_KEY_BYTES:
             raise ImproperlyConfigured(
-                f"GATEHOUSE_MASTER_KEYS key {key_id!r} must be {MASTER_KEY_BYTES} bytes "
-                f"(AES-256), not {len(key)}"
+                f"{setting} key {key_id!r} must be {MASTER_KEY_BYTES} bytes "
+                f"(256 bits), not {len(key)}"
             )
         if key_id in keys:
-            raise ImproperlyConfigured(f"GATEHOUSE_MASTER_KEYS names {key_id!r} twice")
+            raise ImproperlyConfigured(f"{setting} names {key_id!r} twice")
         keys[key_id] = key
     if not keys:
-        raise ImproperlyConfigured("GATEHOUSE_MASTER_KEYS holds no key")
-    return KeyRing(active_id=next(iter(keys)), keys=keys)
+        raise ImproperlyConfigured(f"{setting} holds no key")
+    return KeyRing(active_id=next(iter(keys)), keys=keys, setting=setting)
 
 
 def generate_master_key_entry(key_id: str) -> str:
@@ -135,7 +158,7 @@ def generate_master_key_entry(key_id: str) -> str:
     )
 
 
-def _embedded_keyring_spec(path: Path) -> str:
+def _embedded_keyring_spec(path: Path, *, setting: str, key_id: str, risk: str) -> str:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         # O_EXCL: web, worker and beat start together; exactly one creates the key.
@@ -145,31 +168,72 @@ def _embedded_keyring_spec(path: Path) -> str:
             pass
         else:
             with os.fdopen(fd, "w") as handle:
-                handle.write(generate_master_key_entry("embedded-1") + "\n")
+                handle.write(generate_master_key_entry(key_id) + "\n")
     logger.warning(
-        "\n%s\nGATEHOUSE_MASTER_KEYS is not set: using the development key in %s.\n"
-        "Anyone who can read that file can read every checkpoint. Set "
-        "GATEHOUSE_MASTER_KEYS before storing real data.\n%s",
+        "\n%s\n%s is not set: using the development key in %s.\n"
+        "%s Set %s before storing real data.\n%s",
         "!" * 78,
+        setting,
         path,
+        risk,
+        setting,
         "!" * 78,
     )
     return path.read_text().strip()
 
 
-@lru_cache(maxsize=1)
-def keyring() -> KeyRing:
-    spec = settings.GATEHOUSE_MASTER_KEYS
+def configured_keyring(
+    *, setting: str, key_file: Path, embedded_key_id: str, risk: str
+) -> KeyRing:
+    """The ring in the setting named `setting`.
+
+    Unset, production refuses to start; the embedded mode generates a
+    development key into `key_file` once and warns that `risk`.
+    """
+    spec = getattr(settings, setting)
     if not spec:
         if not settings.DEBUG:
             raise ImproperlyConfigured(
-                "GATEHOUSE_MASTER_KEYS is not set and DEBUG is off: refusing to start "
-                "without a master key. Generate one with "
+                f"{setting} is not set and DEBUG is off: refusing to start "
+                "without it. Generate a key with "
                 "`python -c \"import base64,os;print('k1:'+base64.b64encode("
-                'os.urandom(32)).decode())"` and set GATEHOUSE_MASTER_KEYS=<that>.'
+                f'os.urandom(32)).decode())"` and set {setting}=<that>.'
             )
-        spec = _embedded_keyring_spec(Path(settings.GATEHOUSE_MASTER_KEY_FILE))
-    return parse_keyring(spec)
+        spec = _embedded_keyring_spec(
+            key_file, setting=setting, key_id=embedded_key_id, risk=risk
+        )
+    return parse_keyring(spec, setting=setting)
+
+
+@lru_cache(maxsize=1)
+def keyring() -> KeyRing:
+    return configured_keyring(
+        setting=MASTER_KEYS_SETTING,
+        key_file=Path(settings.GATEHOUSE_MASTER_KEY_FILE),
+        embedded_key_id="embedded-1",
+        risk="Anyone who can read that file can read every checkpoint.",
+    )
+
+
+@lru_cache(maxsize=1)
+def audit_keyring() -> KeyRing:
+    """The keys that seal the audit trail (audit.sealing); never in the database."""
+    return configured_keyring(
+        setting=AUDIT_KEYS_SETTING,
+        key_file=Path(settings.GATEHOUSE_AUDIT_KEY_FILE),
+        embedded_key_id="embedded-audit-1",
+        risk="Anyone who can read that file and write the database can re-seal "
+        "the audit trail.",
+    )
+
+
+def audit_mac(payload: bytes, *, key_id: str) -> str:
+    """HMAC-SHA256 of `payload` under the audit key `key_id`, in hex.
+
+    KeyError when the ring no longer holds that key.
+    """
+    key = audit_keyring().key(key_id)
+    return hmac.new(key, payload, hashlib.sha256).hexdigest()
 
 
 # --- Errors ----------------------------------------------------------------------

@@ -17,6 +17,12 @@ os.environ.setdefault(
     "test-1:dGVzdC1tYXN0ZXIta2V5LW51bWJlci1vbmUtMzJieSE=,"
     "test-0:dGVzdC1tYXN0ZXIta2V5LW51bWJlci16ZXJvLTMyYiE=",
 )
+# The audit key ring: "audit-1" active, "audit-0" an older one still in the ring.
+os.environ.setdefault(
+    "GATEHOUSE_AUDIT_KEYS",
+    "audit-1:dGVzdC1hdWRpdC1rZXktbnVtYmVyLW9uZS0zMmJ5dCE=,"
+    "audit-0:dGVzdC1hdWRpdC1rZXktbnVtYmVyLXplcm8tMzJieSE=",
+)
 # Short leases so that a killed worker's run is taken over within seconds.
 os.environ.setdefault("GATEHOUSE_RUN_LEASE_SECONDS", "3")
 os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")

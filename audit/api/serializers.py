@@ -173,6 +173,32 @@ class VerificationSerializer(serializers.Serializer):
     problem = serializers.CharField(allow_blank=True)
     head_seq = serializers.IntegerField(help_text="Last sealed sequence number.")
     head_hash = serializers.CharField(
-        allow_blank=True, help_text="Hash of the last block, to keep elsewhere."
+        allow_blank=True, help_text="Seal of the last block (HMAC under the audit key)."
+    )
+    against_seq = serializers.IntegerField(
+        allow_null=True,
+        help_text="The saved head the chain was checked against, if one was given.",
     )
     checked_at = serializers.DateTimeField()
+
+
+class SignedHeadSerializer(serializers.Serializer):
+    """The end of the tenant's sealed chain, signed: keep it where the
+    database's administrators cannot write, and hand it back to
+    `POST /audit/verify` later."""
+
+    tenant_id = serializers.IntegerField()
+    tenant = serializers.CharField()
+    head_seq = serializers.IntegerField(help_text="Last sealed sequence number.")
+    head_hash = serializers.CharField(help_text="Seal of the block ending there.")
+    signed_at = serializers.CharField(
+        help_text="When the head was signed, YYYY-MM-DDTHH:MM:SS.ffffffZ."
+    )
+    key_id = serializers.CharField(help_text="The audit key that signed it.")
+    signature = serializers.CharField(help_text="HMAC-SHA256 over the fields above.")
+
+
+class VerifyAgainstSerializer(serializers.Serializer):
+    against = SignedHeadSerializer(
+        help_text="A head saved earlier from GET /audit/head or audit_anchor."
+    )

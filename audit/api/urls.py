@@ -10,4 +10,5 @@ urlpatterns = [
         name="audit-thread-timeline",
     ),
     path("verify", views.VerifyView.as_view(), name="audit-verify"),
+    path("head", views.HeadView.as_view(), name="audit-head"),
 ]

@@ -14,14 +14,16 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit import export, selectors, services
+from audit import anchors, export, selectors, services
 from audit.api.pagination import AuditEventPagination
 from audit.api.serializers import (
     AuditEventSerializer,
     EventFilterSerializer,
+    SignedHeadSerializer,
     TimelineQuerySerializer,
     TimelineSerializer,
     VerificationSerializer,
+    VerifyAgainstSerializer,
 )
 from audit.models import AuditEvent
 from runs.models import Scope
@@ -175,8 +177,10 @@ class ThreadTimelineView(JsonErrors, APIView):
 
 
 class VerifyView(JsonErrors, APIView):
-    """Recomputes the tenant's hash chain from its blocks and events, names
-    the first event that does not match, and keeps the result."""
+    """Recomputes the tenant's sealed chain from its blocks and events, names
+    the first event that does not match, and keeps the result. POST a head
+    saved earlier to check, as well, that the chain still holds it: nothing
+    up to it was rewritten, re-sealed or removed since."""
 
     required_scope = Scope.AUDIT
 
@@ -185,7 +189,52 @@ class VerifyView(JsonErrors, APIView):
         responses=VerificationSerializer,
     )
     def get(self, request):
+        return Response(self._verify(request, against=None))
+
+    @extend_schema(
+        summary="Recompute the chain and check it against a saved head",
+        request=VerifyAgainstSerializer,
+        responses=VerificationSerializer,
+    )
+    def post(self, request):
+        body = request.data if isinstance(request.data, dict) else {}
+        try:
+            against = anchors.head_parse(body.get("against"))
+            return Response(self._verify(request, against=against))
+        except anchors.InvalidHead as error:
+            raise exceptions.ValidationError(
+                {f"against.{error.field}": [str(error)]}
+            ) from None
+
+    def _verify(self, request, *, against) -> dict:
         verification = services.audit_verify(
-            tenant=request.principal.tenant, checked_by=request.principal.label
+            tenant=request.principal.tenant,
+            checked_by=request.principal.label,
+            against=against,
         )
-        return Response(VerificationSerializer(verification).data)
+        return VerificationSerializer(verification).data
+
+
+class ChainBroken(exceptions.APIException):
+    status_code = 409
+    default_code = "audit_chain_broken"
+
+
+class HeadView(JsonErrors, APIView):
+    """The end of the tenant's sealed chain, signed with the audit key: keep
+    it outside Gatehouse and check it later with POST /audit/verify."""
+
+    required_scope = Scope.AUDIT
+
+    @extend_schema(
+        summary="The signed head of the tenant's chain", responses=SignedHeadSerializer
+    )
+    def get(self, request):
+        try:
+            head = anchors.chain_head(tenant=request.principal.tenant)
+        except anchors.ChainHeadBroken as error:
+            raise ChainBroken(
+                f"The chain's last block does not verify ({error}); run "
+                "GET /api/v1/audit/verify."
+            ) from None
+        return Response(SignedHeadSerializer(head.as_dict()).data)

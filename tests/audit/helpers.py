@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import json
 from collections.abc import Callable
 
 from django.db import connection, transaction
 
-from audit.models import AuditEvent, AuditSequence
+from audit import sealing
+from audit.models import AuditBlock, AuditEvent, AuditSequence
 from runs.models import Tenant
 
 UTC = datetime.UTC
@@ -101,8 +104,12 @@ def add_events(
 
 
 def tamper(sql: str, params: list | None = None) -> None:
-    """Run SQL as a database superuser would, with the audit triggers off."""
+    """Run SQL as a database superuser would, with the audit triggers off
+    (SQLite, the embedded mode, has none)."""
     with connection.cursor() as cursor:
+        if connection.vendor != "postgresql":
+            cursor.execute(sql, params or [])
+            return
         cursor.execute("SET session_replication_role = replica")
         try:
             cursor.execute(sql, params or [])
@@ -115,4 +122,52 @@ def seqs_of(tenant: Tenant) -> list[int]:
         AuditEvent.objects.for_tenant(tenant)
         .order_by("seq")
         .values_list("seq", flat=True)
+    )
+
+
+def reseal(tenant: Tenant, *, key: bytes | None = None, key_id: str = "") -> None:
+    """Seal every block of the tenant again from its events as they are now,
+    as someone who can write the tables and knows the published formulas
+    would: an HMAC under `key` named `key_id`, or without a key the unkeyed
+    SHA-256 of blocks sealed before seals were keyed."""
+    prev_hash = sealing.GENESIS_HASH
+    for block in AuditBlock.objects.for_tenant(tenant).order_by("first_seq"):
+        rows = sealing.hashed_rows(
+            AuditEvent.objects.for_tenant(tenant)
+            .filter(seq__gte=block.first_seq, seq__lte=block.last_seq)
+            .order_by("seq")
+        )
+        digests = [sealing.event_digest(tenant.pk, row) for row in rows]
+        fields = {
+            "tenant_id": tenant.pk,
+            "first_seq": block.first_seq,
+            "last_seq": block.last_seq,
+            "events_hash": hashlib.sha256(b"".join(digests)).hexdigest(),
+            "leaves": b"".join(d[: sealing.LEAF_BYTES] for d in digests),
+            "prev_hash": prev_hash,
+            "sealed_at": block.sealed_at,
+        }
+        if key is None:
+            block_hash = sealing.legacy_block_hash(**fields)
+        else:
+            payload = [*sealing._block_payload(sealing._BLOCK_TAG, **fields), key_id]
+            block_hash = hmac.new(
+                key, sealing.canonical(payload), hashlib.sha256
+            ).hexdigest()
+        tamper(
+            "UPDATE audit_auditblock SET events_hash = %s, leaves = %s, "
+            "prev_hash = %s, block_hash = %s, key_id = %s WHERE id = %s",
+            [
+                fields["events_hash"],
+                fields["leaves"],
+                prev_hash,
+                block_hash,
+                key_id,
+                block.pk,
+            ],
+        )
+        prev_hash = block_hash
+    tamper(
+        "UPDATE audit_auditchainhead SET block_hash = %s WHERE tenant_id = %s",
+        [prev_hash, tenant.pk],
     )

@@ -4,7 +4,7 @@ timeline and the latest verification."""
 import pytest
 from django.test import Client
 
-from audit import events, sealing
+from audit import anchors, events, sealing
 from audit.models import AuditEvent, AuditVerification
 from audit.services import Actor, audit_verify, record
 from tests.factories import make_member, make_superuser, make_tenant
@@ -87,12 +87,29 @@ def test_event_list_shows_the_latest_verification_of_each_chain():
     tenant = make_tenant()
     sealing.seal_all()
     audit_verify(tenant=tenant)
-    AuditVerification.objects.create(
+    broken = AuditVerification(
         tenant=tenant, ok=False, first_bad_seq=7, problem="event #7 is missing"
     )
+    anchors.verification_sign(broken)
+    broken.save()
     client = logged_in(make_member(tenant, role="auditor").user)
     html = client.get(EVENTS).content.decode()
     assert "broken at #7: event #7 is missing" in html
+    assert "not signed by Gatehouse" not in html
+
+
+def test_a_verification_written_behind_gatehouses_back_shows_as_unsigned():
+    """A forged "ok" row, inserted straight into the table, is flagged."""
+    tenant = make_tenant()
+    forged = AuditVerification(tenant=tenant, ok=True, blocks=1, events=1)
+    anchors.verification_sign(forged)
+    forged.events = 2  # what was signed is not what is stored
+    forged.save()
+    client = logged_in(make_member(tenant, role="auditor").user)
+    html = client.get(EVENTS).content.decode()
+    assert "not signed by Gatehouse: this row was written behind its back" in html
+    listing = client.get("/admin/audit/auditverification/").content.decode()
+    assert 'alt="False"' in listing
 
 
 def test_verify_now_records_a_verification():

@@ -293,4 +293,8 @@ def test_trigger_is_installed_on_postgres():
             "SELECT tgname FROM pg_trigger WHERE tgname LIKE 'audit_%%append_only'"
         )
         names = sorted(row[0] for row in cursor.fetchall())
-    assert names == ["audit_auditblock_append_only", "audit_auditevent_append_only"]
+    assert names == [
+        "audit_auditblock_append_only",
+        "audit_auditevent_append_only",
+        "audit_auditverification_append_only",
+    ]
