@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from runs.models import Tenant, TenantOwnedQuerySet
+from runs.models import Tenant, TenantOwnedQuerySet, ThreadContent
 
 
 class RequestOpening(models.Model):
@@ -45,6 +45,13 @@ class RequestOpening(models.Model):
     card = models.BinaryField(editable=False)
 
     objects = TenantOwnedQuerySet.as_manager()
+
+    # Cleared when the thread is removed (runs.storage.content_clear).
+    thread_content = (
+        ThreadContent(
+            "reviewer_cards", fields=("card",), empty=b"", thread="request__thread"
+        ),
+    )
 
     class Meta:
         indexes = [
@@ -79,6 +86,16 @@ class DecisionSnapshot(models.Model):
     # Ciphertext of the card's fields, bound to this row.
     card = models.BinaryField(editable=False)
     created_at = models.DateTimeField(default=timezone.now)
+
+    # Cleared when the thread is removed (runs.storage.content_clear).
+    thread_content = (
+        ThreadContent(
+            "decision_cards",
+            fields=("card",),
+            empty=b"",
+            thread="decision__request__thread",
+        ),
+    )
 
     class Meta:
         ordering = ["created_at"]

@@ -16,7 +16,7 @@ from approvals.desk_models import (  # noqa: F401
     DecisionSnapshot,
     RequestOpening,
 )
-from runs.models import Run, Tenant, TenantOwnedQuerySet, Thread
+from runs.models import Run, Tenant, TenantOwnedQuerySet, Thread, ThreadContent
 
 
 class Risk(models.TextChoices):
@@ -86,6 +86,12 @@ class ApprovalRequest(models.Model):
 
     objects = TenantOwnedQuerySet.as_manager()
 
+    # Cleared when the thread is removed (runs.storage.content_clear).
+    thread_content = (
+        ThreadContent("approval_payloads", fields=("payload",), empty=b""),
+        ThreadContent("approval_resume_values", fields=("resume_value",)),
+    )
+
     class Meta:
         constraints = [
             # One request per interrupt: re-delivered signals open nothing twice.
@@ -148,6 +154,13 @@ class Decision(models.Model):
     detail = models.BinaryField(editable=False)
     args_edited = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
+
+    # Cleared when the thread is removed (runs.storage.content_clear).
+    thread_content = (
+        ThreadContent(
+            "decision_notes", fields=("detail",), empty=b"", thread="request__thread"
+        ),
+    )
 
     class Meta:
         ordering = ["created_at"]

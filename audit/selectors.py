@@ -1,4 +1,5 @@
-"""Reads of the audit trail: filtered event lists, local days, thread timelines."""
+"""Reads of the audit trail: filtered event lists, local days, thread timelines,
+and what sealing and the retention purge would do (for dry runs)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,18 @@ import datetime
 import zoneinfo
 from dataclasses import dataclass, field
 
-from django.db.models import QuerySet
+from django.db.models import F, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
-from audit import events
-from audit.models import ActorType, AuditEvent, AuditVerification
+from audit import events, sealing
+from audit.models import (
+    ActorType,
+    AuditBlock,
+    AuditChainHead,
+    AuditEvent,
+    AuditSequence,
+    AuditVerification,
+)
 from runs.models import Tenant
 
 UTC = datetime.UTC
@@ -233,3 +242,68 @@ def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
 
 def latest_verification(*, tenant: Tenant) -> AuditVerification | None:
     return AuditVerification.objects.for_tenant(tenant).order_by("-checked_at").first()
+
+
+def unsealed_counts() -> list[tuple[int, str, int]]:
+    """(tenant id, slug, events committed and not sealed yet) of each tenant
+    that has some: what the next sealing would cover."""
+    sealed = AuditChainHead.objects.filter(tenant_id=OuterRef("tenant_id")).values(
+        "last_seq"
+    )
+    rows = (
+        AuditSequence.objects.annotate(
+            unsealed=F("last_seq") - Coalesce(Subquery(sealed), 0)
+        )
+        .filter(unsealed__gt=0)
+        .order_by("tenant_id")
+    )
+    return list(rows.values_list("tenant_id", "tenant__slug", "unsealed"))
+
+
+@dataclass(frozen=True)
+class PurgeCut:
+    """A purge removes the tenant's events and blocks through `through_seq`;
+    `anchor_hash` is the hash of the last block removed, to which the first
+    remaining block chains."""
+
+    through_seq: int
+    anchor_hash: str
+
+
+def purge_cut(*, tenant: Tenant, before: datetime.datetime) -> PurgeCut | None:
+    """How far a purge of the events older than `before` may go, or None.
+
+    Whole sealed blocks only, so that the chain stays verifiable: the last
+    block that ends before the first event at or after `before` (time order
+    is sequence order), if it is beyond what earlier purges removed.
+    """
+    first_recent = (
+        AuditEvent.objects.for_tenant(tenant)
+        .filter(occurred_at__gte=before)
+        .order_by(*EVENT_ORDER)
+        .values_list("seq", flat=True)
+        .first()
+    )
+    candidates = AuditBlock.objects.for_tenant(tenant)
+    if first_recent is not None:
+        candidates = candidates.filter(last_seq__lt=first_recent)
+    last_block = (
+        candidates.order_by("-last_seq").values_list("last_seq", "block_hash").first()
+    )
+    start, _ = sealing.chain_start(tenant.pk)
+    if last_block is None or last_block[0] < start:
+        return None
+    return PurgeCut(*last_block)
+
+
+def purgeable_events(
+    *, tenant: Tenant, before: datetime.datetime
+) -> tuple[PurgeCut, int] | None:
+    """The cut a purge would make now and the number of events it would remove
+    (a dry run's figures), or None."""
+    cut = purge_cut(tenant=tenant, before=before)
+    if cut is None:
+        return None
+    return cut, AuditEvent.objects.for_tenant(tenant).filter(
+        seq__lte=cut.through_seq
+    ).count()

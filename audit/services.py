@@ -13,7 +13,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from audit import anchors, events, sealing
+from audit import anchors, events, sealing, selectors
 from audit.models import (
     ActorType,
     AuditBlock,
@@ -231,25 +231,11 @@ def purge_before(
     # Waits for a sealer of this tenant to finish; no new block appears while
     # the purge decides where to cut.
     AuditChainHead.objects.select_for_update().get(tenant=tenant)
-    # Time order is sequence order (see _next_seq): the first event at or
-    # after `before` bounds what may go.
-    first_recent = (
-        AuditEvent.objects.for_tenant(tenant)
-        .filter(occurred_at__gte=before)
-        .order_by("occurred_at", "seq")
-        .values_list("seq", flat=True)
-        .first()
-    )
-    candidates = AuditBlock.objects.for_tenant(tenant)
-    if first_recent is not None:
-        candidates = candidates.filter(last_seq__lt=first_recent)
-    last_block = (
-        candidates.order_by("-last_seq").values_list("last_seq", "block_hash").first()
-    )
-    start, _ = sealing.chain_start(tenant.pk)
-    if last_block is None or last_block[0] < start:
+    cut = selectors.purge_cut(tenant=tenant, before=before)
+    if cut is None:
+        start, _ = sealing.chain_start(tenant.pk)
         return PurgeResult(through_seq=start - 1, events=0, blocks=0, event=None)
-    through_seq, anchor_hash = last_block
+    through_seq, anchor_hash = cut.through_seq, cut.anchor_hash
     purged_events, purged_blocks = _delete_through(tenant, through_seq)
     event = record(
         tenant=tenant,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from runs.models import Tenant, TenantOwnedQuerySet, Thread
+from runs.models import Tenant, TenantOwnedQuerySet, Thread, ThreadContent
 
 
 class DemoPayment(models.Model):
@@ -40,6 +40,10 @@ class DemoOutboxMessage(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = TenantOwnedQuerySet.as_manager()
+
+    # The rows are the thread's content: deleted when the thread is removed
+    # (runs.storage.content_clear).
+    thread_content = (ThreadContent("outbox_messages"),)
 
     def __str__(self) -> str:
         return f"{self.kind} message [{self.idempotency_key[:12]}]"

@@ -34,7 +34,7 @@ from approvals.escalation import (
     approvals_escalate,
 )
 from audit import events, sealing
-from audit.models import AuditBlock, AuditChainHead, AuditEvent, AuditSequence
+from audit import selectors as audit_selectors
 from audit.services import Actor, purge_before, record
 from retention import services
 from retention.models import DeletionRequest
@@ -162,18 +162,6 @@ def _prunable(tenant: Tenant):
     )
 
 
-def _over_limit(thread_pks: list[int], keep: int) -> list[int]:
-    return sorted(
-        set(
-            Checkpoint.objects.filter(thread_id__in=thread_pks)
-            .values("thread_id", "checkpoint_ns")
-            .annotate(rows=Count("pk"))
-            .filter(rows__gt=keep)
-            .values_list("thread_id", flat=True)
-        )
-    )
-
-
 def prune_checkpoints(
     *,
     now: datetime | None = None,
@@ -208,7 +196,12 @@ def _prune_tenant(result, tenant, batch_size, dry_run, deadline, progress) -> No
         if not page:
             return
         cursor = page[-1]
-        over = _over_limit(page, keep)
+        over = sorted(
+            {
+                row["thread_id"]
+                for row in selectors.namespaces_over(thread_pks=page, keep=keep)
+            }
+        )
         for start in range(0, len(over), batch_size):
             if _out_of_time(deadline):
                 return
@@ -239,14 +232,7 @@ def _prune_tenant(result, tenant, batch_size, dry_run, deadline, progress) -> No
 
 
 def _plan_prune(result: SweepResult, tenant: Tenant, thread_pks, keep: int) -> None:
-    rows = (
-        Checkpoint.objects.filter(thread_id__in=thread_pks)
-        .values("thread_id", "thread__thread_id", "checkpoint_ns")
-        .annotate(rows=Count("pk"))
-        .filter(rows__gt=keep)
-        .order_by("thread_id")
-    )
-    for row in rows:
+    for row in selectors.namespaces_over(thread_pks=thread_pks, keep=keep):
         doomed = row["rows"] - keep
         result.add(tenant.pk, "threads_pruned")
         result.add(tenant.pk, "checkpoints", doomed)
@@ -386,14 +372,9 @@ def seal_audit(
     """Seal new audit events into each tenant's hash chain (audit.sealing)."""
     result = SweepResult()
     if dry_run:
-        heads = dict(AuditChainHead.objects.values_list("tenant_id", "last_seq"))
-        for tenant_id, slug, last_seq in AuditSequence.objects.values_list(
-            "tenant_id", "tenant__slug", "last_seq"
-        ):
-            unsealed = last_seq - heads.get(tenant_id, 0)
-            if unsealed > 0:
-                result.add(tenant_id, "events_sealed", unsealed)
-                result.plan.append(f"seal {unsealed} audit event(s) of {slug}")
+        for tenant_id, slug, unsealed in audit_selectors.unsealed_counts():
+            result.add(tenant_id, "events_sealed", unsealed)
+            result.plan.append(f"seal {unsealed} audit event(s) of {slug}")
         return result
     for tenant_id in sealing.pending_tenant_ids():
         while not _out_of_time(deadline):
@@ -427,28 +408,14 @@ def purge_audit(
             break
         before = now - services.policy_for(tenant).audit_retention
         if dry_run:
-            first_recent = (
-                AuditEvent.objects.for_tenant(tenant)
-                .filter(occurred_at__gte=before)
-                .order_by("seq")
-                .values_list("seq", flat=True)
-                .first()
-            )
-            blocks = AuditBlock.objects.for_tenant(tenant)
-            if first_recent is not None:
-                blocks = blocks.filter(last_seq__lt=first_recent)
-            through = blocks.order_by("-last_seq").values_list("last_seq", flat=True)
-            last = through.first()
-            if last:
-                old = (
-                    AuditEvent.objects.for_tenant(tenant).filter(seq__lte=last).count()
+            purgeable = audit_selectors.purgeable_events(tenant=tenant, before=before)
+            if purgeable is not None and purgeable[1]:
+                cut, old = purgeable
+                result.add(tenant.pk, "events_purged", old)
+                result.plan.append(
+                    f"purge {old} audit event(s) of {tenant.slug} through "
+                    f"#{cut.through_seq} (older than {before:%Y-%m-%d})"
                 )
-                if old:
-                    result.add(tenant.pk, "events_purged", old)
-                    result.plan.append(
-                        f"purge {old} audit event(s) of {tenant.slug} through "
-                        f"#{last} (older than {before:%Y-%m-%d})"
-                    )
             continue
         with transaction.atomic():
             if services.tenant_on_hold(tenant, lock=True):

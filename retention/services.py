@@ -28,13 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.apps import apps
 from django.db import connection, transaction
 from django.db.models import (
-    Count,
     Exists,
     OuterRef,
-    Q,
 )
 from django.utils import timezone
 
@@ -54,34 +51,6 @@ CARRY_OUT_DELETION = "retention.carry_out_deletion"
 CARRY_OUT_DELETIONS = "retention.carry_out_deletions"
 RETENTION = Actor.system("retention")
 TTL_ACTOR = Actor.system("retention policy (checkpoint TTL)")
-_CHUNK = 500
-
-# Content other apps keep for a thread: (model, path to the thread, field, the
-# cleared value). Models that are not installed are skipped.
-THREAD_CONTENT = (
-    ("runs.Run", "thread", ("input", "resume", "error"), None, "run_contents"),
-    ("runs.ToolCall", "thread", ("result",), None, "tool_results"),
-    ("approvals.ApprovalRequest", "thread", ("payload",), b"", "approval_payloads"),
-    (
-        "approvals.ApprovalRequest",
-        "thread",
-        ("resume_value",),
-        None,
-        "approval_resume_values",
-    ),
-    ("approvals.Decision", "request__thread", ("detail",), b"", "decision_notes"),
-    ("approvals.RequestOpening", "request__thread", ("card",), b"", "reviewer_cards"),
-    (
-        "approvals.DecisionSnapshot",
-        "decision__request__thread",
-        ("card",),
-        b"",
-        "decision_cards",
-    ),
-)
-# Rows that are nothing but a thread's content: deleted.
-THREAD_CONTENT_ROWS = (("demo.DemoOutboxMessage", "thread", "outbox_messages"),)
-
 
 # --- policies ----------------------------------------------------------------------
 
@@ -288,54 +257,6 @@ def _has_waiting_requests(tenant_id: int) -> bool:
 # --- removing threads ------------------------------------------------------------
 
 
-def _model(label: str):
-    try:
-        return apps.get_model(label)
-    except LookupError:
-        return None
-
-
-def _count_by(queryset, path: str) -> Counter:
-    return Counter(
-        dict(
-            queryset.values(path)
-            .annotate(rows=Count("pk"))
-            .values_list(path, "rows")
-            .order_by()
-        )
-    )
-
-
-def _clear_content(thread_pks: Sequence[int]) -> dict[str, Counter]:
-    cleared: dict[str, Counter] = {}
-    for label, path, fields, empty, name in THREAD_CONTENT:
-        model = _model(label)
-        if model is None:
-            continue
-        has_content = Q()
-        for field_name in fields:
-            has_content |= (
-                ~Q(**{field_name: empty})
-                if empty is not None
-                else Q(**{f"{field_name}__isnull": False})
-            )
-        rows = model.objects.filter(**{f"{path}__in": thread_pks}).filter(has_content)
-        cleared[name] = _count_by(rows, path)
-        if cleared[name]:
-            model.objects.filter(pk__in=list(rows.values_list("pk", flat=True))).update(
-                **dict.fromkeys(fields, empty)
-            )
-    for label, path, name in THREAD_CONTENT_ROWS:
-        model = _model(label)
-        if model is None:
-            continue
-        rows = model.objects.filter(**{f"{path}__in": thread_pks})
-        cleared[name] = _count_by(rows, path)
-        if cleared[name]:
-            rows.delete()
-    return cleared
-
-
 def _busy_with_a_reviewer(thread_pks: Sequence[int]) -> tuple[set[int], list]:
     """Lock the threads' pending approvals (SKIP LOCKED); the threads one of
     whose approvals is locked by someone else, and the approvals locked."""
@@ -411,9 +332,8 @@ def threads_remove(
     if not pks:
         return {}, busy
     removed = storage.content_delete(thread_pks=pks)
-    for name, counts in _clear_content(pks).items():
-        for pk, rows in counts.items():
-            removed[pk][name] += rows
+    for pk, counts in storage.content_clear(thread_pks=pks).items():
+        removed[pk] += counts
     now = timezone.now()
     ThreadRemoval.objects.bulk_create(
         [

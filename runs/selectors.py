@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from runs.crypto import ThreadCipher
 from runs.graphs import compile_for, thread_config
-from runs.models import Run, Tenant, Thread
+from runs.models import Checkpoint, Run, Tenant, Thread
 
 IN_FLIGHT = (Thread.Status.RUNNING, Thread.Status.INTERRUPTED)
 
@@ -170,4 +170,17 @@ def stalled_runs(*, limit: int, now: datetime.datetime | None = None) -> Stalled
     )
     return StalledRuns(
         expired_leases=expired, lost_messages=[run for run in oldest if run]
+    )
+
+
+def namespaces_over(*, thread_pks, keep: int):
+    """Each namespace of these threads that holds more than `keep` checkpoints,
+    as {"thread_id", "thread__thread_id", "checkpoint_ns", "rows"}: what
+    pruning to the latest `keep` would shorten."""
+    return (
+        Checkpoint.objects.filter(thread_id__in=thread_pks)
+        .values("thread_id", "thread__thread_id", "checkpoint_ns")
+        .annotate(rows=Count("pk"))
+        .filter(rows__gt=keep)
+        .order_by("thread_id", "checkpoint_ns")
     )

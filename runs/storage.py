@@ -18,7 +18,12 @@ blob or a pending write, or changes a data key once created.
   checkpoint whose parent went has no parent any more.
 - Pruning (`checkpoints_prune`) keeps the latest N checkpoints of each
   namespace of a thread and deletes the rest that way.
-- `thread_destroy` is the three for one thread, by row (a new thread that has
+- Clearing (`content_clear`) empties what other models keep of the threads
+  (run inputs, tool results, approval payloads, reviewer cards, ...): each
+  model declares its content (`runs.models.ThreadContent`), and this module
+  finds the declarations through the app registry, so it clears the content
+  of apps that runs does not import.
+- `thread_destroy` is shredding and deleting for one thread, by row (a new thread that has
   taken the client's id since is not touched).
 
 Locks: the callers hold the threads' rows FOR UPDATE (`threads_lock`, or their
@@ -33,13 +38,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import Count, DateTimeField, F, Value, Window
+from django.db.models import Count, DateTimeField, F, Q, Value, Window
 from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
 from runs import crypto
-from runs.models import ChannelBlob, Checkpoint, PendingWrite, Thread
+from runs.models import ChannelBlob, Checkpoint, PendingWrite, Thread, ThreadContent
 
 _BATCH = 500
 # What each content table's rows are called in the counts callers report.
@@ -151,6 +157,56 @@ def _delete_rows(model, thread_pks, namespaces, db) -> Iterable[tuple[int, int]]
     )
     rows.delete()
     return counts
+
+
+def declared_content() -> list[tuple[type, ThreadContent]]:
+    """Every installed model's thread content declarations."""
+    return [
+        (model, content)
+        for model in apps.get_models()
+        for content in getattr(model, "thread_content", ())
+    ]
+
+
+def content_clear(
+    *, thread_pks: Sequence[int], using: str | None = None
+) -> dict[int, Counter]:
+    """Clear (or, for content rows, delete) what every model declares of the
+    threads' content. Returns {thread pk: rows cleared by declaration name}."""
+    db = using or DEFAULT_DB_ALIAS
+    cleared: dict[int, Counter] = defaultdict(Counter)
+    for model, content in declared_content():
+        rows = model.objects.using(db).filter(**{f"{content.thread}__in": thread_pks})
+        if content.fields:
+            rows = rows.filter(_has_any(content))
+        counts = dict(
+            rows.values(content.thread)
+            .annotate(rows=Count("pk"))
+            .values_list(content.thread, "rows")
+            .order_by()
+        )
+        if not counts:
+            continue
+        for thread_pk, count in counts.items():
+            cleared[thread_pk][content.name] += count
+        if content.fields:
+            model.objects.using(db).filter(
+                pk__in=list(rows.values_list("pk", flat=True))
+            ).update(**dict.fromkeys(content.fields, content.empty))
+        else:
+            rows.delete()
+    return cleared
+
+
+def _has_any(content: ThreadContent) -> Q:
+    """Rows with something left to clear in one of the content's fields."""
+    has = Q()
+    for name in content.fields:
+        if content.empty is None:
+            has |= Q(**{f"{name}__isnull": False})
+        else:
+            has |= ~Q(**{name: content.empty})
+    return has
 
 
 def checkpoints_delete(

@@ -1,4 +1,5 @@
 from runs.models.checkpoints import ChannelBlob, Checkpoint, PendingWrite
+from runs.models.content import ThreadContent
 from runs.models.execution import Run
 from runs.models.tenancy import (
     ApiKey,
@@ -25,6 +26,7 @@ __all__ = [
     "Tenant",
     "TenantOwnedQuerySet",
     "Thread",
+    "ThreadContent",
     "ThreadQuerySet",
     "ToolCall",
 ]

@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from runs.models.content import ThreadContent
 from runs.models.tenancy import Tenant, TenantOwnedQuerySet
 from runs.models.threads import Thread
 
@@ -68,6 +69,11 @@ class Run(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantOwnedQuerySet.as_manager()
+
+    # Cleared when the thread is removed (runs.storage.content_clear).
+    thread_content = (
+        ThreadContent("run_contents", fields=("input", "resume", "error")),
+    )
 
     class Meta:
         indexes = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from runs.models.content import ThreadContent
 from runs.models.tenancy import Tenant, TenantOwnedQuerySet
 from runs.models.threads import Thread
 
@@ -37,6 +38,9 @@ class ToolCall(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantOwnedQuerySet.as_manager()
+
+    # Cleared when the thread is removed (runs.storage.content_clear).
+    thread_content = (ThreadContent("tool_results", fields=("result",)),)
 
     class Meta:
         constraints = [

@@ -104,3 +104,36 @@ def test_a_tombstone_keeps_its_deletion_time_when_shredded_again():
     storage.threads_shred(thread_pks=[thread.pk], clear_metadata=True)
 
     assert Thread.objects.get(pk=thread.pk).deleted_at == first is not None
+
+
+def test_every_model_that_stores_thread_ciphertext_declares_it():
+    """Removing a thread clears what the models declare; a model that stores
+    thread ciphertext without declaring it would keep it."""
+    from django.apps import apps
+    from django.db import models
+
+    not_thread_content = {
+        # The checkpoint store's own tables and the key: content_delete and
+        # threads_shred handle them.
+        Thread: {"wrapped_data_key"},
+        Checkpoint: {"checkpoint", "metadata"},
+        ChannelBlob: {"value"},
+        PendingWrite: {"value"},
+        # Digests of sealed audit events, not content.
+        apps.get_model("audit", "AuditBlock"): {"leaves"},
+    }
+    undeclared = {}
+    for model in apps.get_models():
+        declarations = getattr(model, "thread_content", ())
+        if any(not content.fields for content in declarations):
+            continue  # its rows are the content: deleted whole
+        binary = {
+            field.name
+            for field in model._meta.concrete_fields
+            if isinstance(field, models.BinaryField)
+        }
+        declared = {name for content in declarations for name in content.fields}
+        missing = binary - declared - not_thread_content.get(model, set())
+        if missing:
+            undeclared[model._meta.label] = sorted(missing)
+    assert undeclared == {}
