@@ -7,17 +7,23 @@ repeat that arrives while the first is still running also gets 409, and so
 the work is never done twice. Error responses are not stored: the client may
 fix the cause and retry with the same key. Records are kept for
 GATEHOUSE_IDEMPOTENCY_TTL.
+
+Keys are each caller's own: an API key (or a signed-in user) never sees the
+record, let alone the response, of another key of the same tenant that used
+the same Idempotency-Key. The request's digest is an HMAC under a key derived
+from SECRET_KEY, not a bare hash: a body's content (a subject's e-mail in a
+deletion request) cannot be recovered by hashing candidates.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
@@ -29,24 +35,44 @@ HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
 
 
+_DIGEST_SALT = "gatehouse.idempotency.request"
+# Records written before keys were each caller's own; they expire within the
+# TTL. A key found among them is refused rather than run a second time.
+_UNOWNED = ""
+
+
 def _request_digest(request) -> str:
     canonical = json.dumps(
         request.data, sort_keys=True, separators=(",", ":"), default=str
     )
     material = f"{request.method}\n{request.path}\n{canonical}"
-    return hashlib.sha256(material.encode()).hexdigest()
+    return salted_hmac(_DIGEST_SALT, material, algorithm="sha256").hexdigest()
 
 
-def _reserve(*, tenant, key: str, request, digest: str) -> IdempotencyRecord | None:
+def _owner(principal) -> str:
+    """Whose namespace of Idempotency-Keys a request is in."""
+    if principal.api_key is not None:
+        return f"api_key:{principal.api_key.pk}"
+    return f"user:{principal.membership.user_id}"
+
+
+def _reserve(
+    *, tenant, owner: str, key: str, request, digest: str
+) -> IdempotencyRecord | None:
     """Reserve the key; None when it was already reserved (a repeat)."""
+    records = IdempotencyRecord.objects.for_tenant(tenant).filter(key=key)
     expired_before = timezone.now() - settings.GATEHOUSE_IDEMPOTENCY_TTL
-    IdempotencyRecord.objects.for_tenant(tenant).filter(
-        key=key, created_at__lt=expired_before
-    ).delete()
+    records.filter(created_at__lt=expired_before).delete()
+    if records.filter(owner=_UNOWNED).exists():
+        raise StateConflict(
+            "That Idempotency-Key was used before an upgrade; use a new key.",
+            code="idempotency_key_reused",
+        )
     try:
         with transaction.atomic():
             return IdempotencyRecord.objects.create(
                 tenant=tenant,
+                owner=owner,
                 key=key,
                 method=request.method,
                 path=request.path[:2000],
@@ -56,8 +82,12 @@ def _reserve(*, tenant, key: str, request, digest: str) -> IdempotencyRecord | N
         return None
 
 
-def _replay(*, tenant, key: str, digest: str) -> Response:
-    previous = IdempotencyRecord.objects.for_tenant(tenant).filter(key=key).first()
+def _replay(*, tenant, owner: str, key: str, digest: str) -> Response:
+    previous = (
+        IdempotencyRecord.objects.for_tenant(tenant)
+        .filter(owner=owner, key=key)
+        .first()
+    )
     if previous is None:  # released between our insert and this read: retryable
         raise StateConflict(
             "That Idempotency-Key is in use; retry.", code="idempotency_in_progress"
@@ -89,11 +119,13 @@ def idempotent(view_method):
             raise exceptions.ValidationError(
                 {HEADER: [f"must be 1 to {MAX_KEY_LENGTH} printable characters"]}
             )
-        tenant = request.principal.tenant
+        tenant, owner = request.principal.tenant, _owner(request.principal)
         digest = _request_digest(request)
-        record = _reserve(tenant=tenant, key=key, request=request, digest=digest)
+        record = _reserve(
+            tenant=tenant, owner=owner, key=key, request=request, digest=digest
+        )
         if record is None:
-            return _replay(tenant=tenant, key=key, digest=digest)
+            return _replay(tenant=tenant, owner=owner, key=key, digest=digest)
         try:
             response = view_method(view, request, *args, **kwargs)
         except BaseException:

@@ -123,6 +123,8 @@ class IdempotencyRecord(models.Model):
     """The first response to a write sent with an Idempotency-Key header."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    # Whose key it is ("api_key:<pk>", "user:<pk>"): each caller has its own.
+    owner = models.CharField(max_length=64, default="")
     key = models.CharField(max_length=255)
     method = models.CharField(max_length=8)
     path = models.CharField(max_length=2000)
@@ -137,7 +139,7 @@ class IdempotencyRecord(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["tenant", "key"], name="idempotency_tenant_key"
+                fields=["tenant", "owner", "key"], name="idempotency_owner_key"
             )
         ]
 

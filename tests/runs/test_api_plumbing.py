@@ -1,5 +1,6 @@
 """The API plumbing every endpoint shares: errors, auth, scopes, limits, idempotency."""
 
+import hashlib
 import json
 
 import pytest
@@ -7,6 +8,7 @@ from django.test import override_settings
 
 from audit.services import Actor
 from runs import services
+from runs.models import IdempotencyRecord
 from tests.factories import (
     api_client,
     make_api_key,
@@ -152,6 +154,54 @@ def test_idempotency_key_with_another_body_is_409():
     response = client.post(
         "/api/v1/probe",
         {"name": "y", "input": {}},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="k-1",
+    )
+    assert_error(response, 409, "idempotency_key_reused")
+
+
+@probe_urls
+def test_another_key_of_the_tenant_does_not_get_the_first_keys_response():
+    """Issue 16, finding 8: records were per tenant, so a second key replayed
+    the first one's response."""
+    tenant, first_client = tenant_with_client()
+    _, secret = make_api_key(tenant, ["runs"], name="second")
+    body = {"name": "x", "input": {"a": 1}}
+    first = first_client.post(
+        "/api/v1/probe", body, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
+    second = api_client(secret).post(
+        "/api/v1/probe", body, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
+    assert first.status_code == second.status_code == 201
+    assert "Idempotent-Replayed" not in second
+    assert second.json()["id"] != first.json()["id"]
+
+
+@probe_urls
+def test_the_stored_request_digest_is_keyed_not_a_bare_hash():
+    """Issue 16, finding 8: a bare SHA-256 of the body gave a deletion
+    request's e-mail away to a dictionary of candidates."""
+    _, client = tenant_with_client()
+    body = {"name": "x", "input": {"email": "rita@example.com"}}
+    client.post("/api/v1/probe", body, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    stored = IdempotencyRecord.objects.get(key="k-1").request_digest
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    candidate = f"POST\n/api/v1/probe\n{canonical}".encode()
+    assert stored != hashlib.sha256(candidate).hexdigest()
+    assert "rita" not in stored and len(stored) == 64
+
+
+@probe_urls
+def test_a_key_recorded_before_keys_were_per_caller_is_refused_not_run_again():
+    tenant, client = tenant_with_client()
+    IdempotencyRecord.objects.create(
+        tenant=tenant, owner="", key="k-1", method="POST", path="/api/v1/probe",
+        request_digest="0" * 64, response_status=201, response_body={"id": "old"},
+    )  # fmt: skip
+    response = client.post(
+        "/api/v1/probe",
+        {"name": "x", "input": {}},
         format="json",
         HTTP_IDEMPOTENCY_KEY="k-1",
     )
