@@ -72,6 +72,12 @@ def approval_event(
     )
 
 
+def approval_read(*, approval: ApprovalRequest, actor: Actor) -> None:
+    """Audit one `approval.read` event for a response that decrypts the
+    request's payload (its detail over the API)."""
+    approval_event(approval=approval, kind=events.APPROVAL_READ, actor=actor)
+
+
 def _payload_row(request: ApprovalRequest) -> tuple:
     return ("approval-payload", str(request.id))
 

@@ -111,6 +111,11 @@ THREAD_FORKED = _declare(
 STATE_READ = _declare(
     "thread.state_read", "state read at checkpoint {checkpoint_id}", timeline=False
 )
+# Every other read that decrypts thread content: one event per request.
+THREAD_READ = _declare(
+    "thread.read", "thread read with {interrupts} interrupt value(s)", timeline=False
+)
+RUN_READ = _declare("run.read", "errors of {runs} run(s) read", timeline=False)
 RUN_QUEUED = _declare("run.queued", "{kind} run queued on {agent}@{version}")
 RUN_STARTED = _declare("run.started", "run started on {worker} (attempt {attempt})")
 RUN_RECOVERED = _declare(
@@ -128,6 +133,9 @@ APPROVAL_REQUESTED = _declare(
     "approval.requested", "approval requested for {action} (risk {risk})"
 )
 APPROVAL_DECIDED = _declare("approval.decided", "{action} {verdict} by {reviewer}")
+APPROVAL_READ = _declare(
+    "approval.read", "{action} request read with its payload", timeline=False
+)
 
 # The reviewer's desk (approvals admin)
 APPROVAL_REASSIGNED = _declare(

@@ -15,7 +15,8 @@ from approvals.api.serializers import (
 )
 from approvals.models import ApprovalRequest, Gate, Risk
 from approvals.selectors import approval_view
-from approvals.services import Reviewer, approval_decide
+from approvals.services import Reviewer, approval_decide, approval_read
+from runs.api.views import actor_for
 from runs.errors import InvalidRequest
 from runs.models import Scope
 
@@ -103,7 +104,9 @@ class ApprovalDetailView(APIView):
     @extend_schema(responses=ApprovalSerializer, summary="An approval request")
     def get(self, request, approval_id):
         approval = generics.get_object_or_404(_tenant_requests(request), pk=approval_id)
-        return Response(_render(approval))
+        body = _render(approval)
+        approval_read(approval=approval, actor=actor_for(request))
+        return Response(body)
 
 
 class ApprovalDecisionView(APIView):

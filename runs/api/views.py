@@ -163,7 +163,9 @@ class ThreadDetailView(TenantThreadMixin, APIView):
     @extend_schema(responses=ThreadDetailSerializer, summary="A thread")
     def get(self, request, thread_id):
         thread = self.get_thread()
-        thread.interrupts = selectors.thread_interrupts(thread)
+        thread.interrupts = services.thread_interrupts_read(
+            thread=thread, actor=actor_for(request)
+        )
         thread.pending_approvals = selectors.pending_approval_ids(thread)
         return Response(ThreadDetailSerializer(thread).data)
 
@@ -179,6 +181,17 @@ class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
     @extend_schema(summary="Runs of a thread")
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
+
+    def get_serializer(self, *args, **kwargs):
+        if args and kwargs.get("many"):
+            # The serializer decrypts the errors of the page's failed runs:
+            # one event for the page.
+            services.run_errors_read(
+                thread=self.get_thread(),
+                runs=list(args[0]),
+                actor=actor_for(self.request),
+            )
+        return super().get_serializer(*args, **kwargs)
 
     @extend_schema(
         request=RunCreateSerializer,
@@ -207,6 +220,7 @@ class RunDetailView(TenantThreadMixin, APIView):
         run = generics.get_object_or_404(
             Run.objects.filter(thread=thread).select_related("thread"), pk=run_id
         )
+        services.run_errors_read(thread=thread, runs=[run], actor=actor_for(request))
         return Response(RunSerializer(run).data)
 
 

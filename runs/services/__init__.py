@@ -3,6 +3,7 @@ its audit event. Split by subject; import from here."""
 
 from runs.services.runs import (
     run_cancel_active,
+    run_errors_read,
     run_resume,
     run_start,
 )
@@ -16,7 +17,12 @@ from runs.services.tenancy import (
     reviewer_create,
     tenant_create,
 )
-from runs.services.threads import thread_create, thread_fork, thread_state
+from runs.services.threads import (
+    thread_create,
+    thread_fork,
+    thread_interrupts_read,
+    thread_state,
+)
 
 __all__ = [
     "IssuedApiKey",
@@ -27,10 +33,12 @@ __all__ = [
     "parse_scopes",
     "reviewer_create",
     "run_cancel_active",
+    "run_errors_read",
     "run_resume",
     "run_start",
     "tenant_create",
     "thread_create",
     "thread_fork",
+    "thread_interrupts_read",
     "thread_state",
 ]

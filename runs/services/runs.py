@@ -208,3 +208,17 @@ def run_cancel_active(*, thread: Thread, actor: Actor, reason: str) -> int:
         )
         cancelled += 1
     return cancelled
+
+
+def run_errors_read(*, thread: Thread, runs: list[Run], actor: Actor) -> None:
+    """Audit one `run.read` event for a response that decrypted the errors of
+    `runs` (the failed ones among those it lists); nothing when none failed."""
+    failed = [str(run.pk) for run in runs if run.error is not None]
+    if failed:
+        record(
+            tenant=thread.tenant,
+            kind=events.RUN_READ,
+            actor=actor,
+            thread_id=thread.thread_id,
+            data={"runs": len(failed), "run_ids": failed[:100]},
+        )

@@ -14,7 +14,7 @@ from langgraph.errors import InvalidUpdateError
 
 from audit import events
 from audit.services import Actor, record
-from runs import gates, registry
+from runs import gates, registry, selectors
 from runs.errors import InvalidRequest, StateConflict
 from runs.graphs import compile_for, thread_config
 from runs.models import Run, Tenant, Thread
@@ -131,6 +131,21 @@ def thread_state(*, thread: Thread, actor: Actor, checkpoint_id: str | None = No
         data={"checkpoint_id": snapshot.config["configurable"]["checkpoint_id"]},
     )
     return snapshot
+
+
+def thread_interrupts_read(*, thread: Thread, actor: Actor) -> list[dict[str, Any]]:
+    """The values of the thread's open interrupts, decrypted; audited as one
+    `thread.read` event when there were any to decrypt."""
+    interrupts = selectors.thread_interrupts(thread)
+    if interrupts:
+        record(
+            tenant=thread.tenant,
+            kind=events.THREAD_READ,
+            actor=actor,
+            thread_id=thread.thread_id,
+            data={"interrupts": len(interrupts)},
+        )
+    return interrupts
 
 
 def thread_fork(
