@@ -17,10 +17,9 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
+# The embedded mode: migrate, demo users and key, web server, worker and beat.
 run: $(VENV)/.runtime
-	DEBUG=true $(PY) manage.py migrate --verbosity 0
-	DEBUG=true $(PY) manage.py setup_demo
-	DEBUG=true $(PY) manage.py run_embedded
+	$(PY) manage.py run_embedded
 
 test: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest

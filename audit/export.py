@@ -4,7 +4,8 @@ Rows come from a server-side cursor (`QuerySet.iterator`) a chunk at a time
 and leave as text in blocks of about 64 kB, so memory depends on the chunk
 size, never on the number of events. The cursor lives in a transaction opened
 by the generator itself: outside one, Postgres would materialise a holdable
-cursor's whole result before sending the first row.
+cursor's whole result before sending the first row. `ExportResponse` keeps it
+so under the ASGI server as well.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import io
 from collections.abc import Iterator
 from json.encoder import encode_basestring as _quote
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
 
 from audit.expressions import json_text, timestamp_text
 from audit.models import AuditEvent
@@ -108,3 +111,28 @@ def jsonl_chunks(queryset: QuerySet[AuditEvent]) -> Iterator[str]:
 
 
 EXPORTERS = {"csv": csv_chunks, "jsonl": jsonl_chunks}
+
+
+class ExportResponse(StreamingHttpResponse):
+    """A response that streams an exporter's blocks under WSGI and ASGI alike.
+
+    Under ASGI, Django serves a synchronous iterator by reading it whole into
+    a list first, which would hold an entire export in memory. This response
+    pulls one block at a time instead, on the thread that ran the view
+    (`thread_sensitive`: the request's own thread), so the generator's cursor
+    and transaction stay on their connection; and it closes the generator on
+    that thread when the client goes away mid-download.
+    """
+
+    def __init__(self, chunks: Iterator[str], **kwargs) -> None:
+        super().__init__(chunks, **kwargs)
+        self._chunks = chunks
+
+    async def __aiter__(self):
+        parts = self.streaming_content
+        next_part = sync_to_async(next, thread_sensitive=True)
+        try:
+            while (part := await next_part(parts, None)) is not None:
+                yield part
+        finally:
+            await sync_to_async(self._chunks.close, thread_sensitive=True)()

@@ -70,6 +70,8 @@ def _setup_django(bench_url: str) -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ["DEBUG"] = "false"
     os.environ["ALLOWED_HOSTS"] = "testserver"
+    # The test client speaks plain http; production would redirect it to https.
+    os.environ["SECURE_SSL_REDIRECT"] = "false"
     os.environ.setdefault("SECRET_KEY", "benchmark-only-secret-key")
     # A fixed key, so that a kept database (--keep-database) can be measured
     # again (--measure-only); the database holds nothing but generated data.

@@ -103,6 +103,9 @@ def _setup_django(bench_url: str) -> None:
     os.environ["GATEHOUSE_THROTTLE_RATE"] = "100000000/minute"
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     os.environ["DEBUG"] = "false"
+    os.environ.setdefault("ALLOWED_HOSTS", "localhost")
+    # The test client speaks plain http; production would redirect it to https.
+    os.environ["SECURE_SSL_REDIRECT"] = "false"
     import django
 
     django.setup()

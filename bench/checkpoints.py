@@ -88,6 +88,7 @@ def _setup_django(bench_url: str) -> None:
         "bench:" + base64.b64encode(os.urandom(32)).decode(),
     )
     os.environ.setdefault("LOG_LEVEL", "WARNING")
+    os.environ.setdefault("ALLOWED_HOSTS", "localhost")
     import django
     from django.core.management import call_command
 

@@ -42,6 +42,8 @@ os.environ.update(
         + "QkVOQ0hNQVJLLUtFWS0zMi1CWVRFUy1MT05HLi4uLi4=",
         "GATEHOUSE_THROTTLE_RATE": "1000000/minute",
         "ALLOWED_HOSTS": "testserver,127.0.0.1",
+        # The test client speaks plain http; production would redirect it.
+        "SECURE_SSL_REDIRECT": "false",
     }
 )
 

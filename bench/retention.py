@@ -84,6 +84,7 @@ def _environment(bench_url: str) -> dict[str, str]:
         "GATEHOUSE_MASTER_KEYS", "bench:" + base64.b64encode(os.urandom(32)).decode()
     )
     env.setdefault("LOG_LEVEL", "WARNING")
+    env.setdefault("ALLOWED_HOSTS", "localhost")
     env["PYTHONPATH"] = str(ROOT)
     return env
 

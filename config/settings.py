@@ -7,27 +7,94 @@ from datetime import timedelta
 from pathlib import Path
 
 import environ
+from csp.constants import NONE, SELF, UNSAFE_INLINE
+from django.core.exceptions import ImproperlyConfigured
+
+from config import embedded
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 
-# The embedded mode keeps everything it needs (database, broker queue, generated
-# master key) in one folder, so a fresh clone runs with no services at all.
+# --- Mode and secrets -----------------------------------------------------------
+# The embedded mode is chosen by the absence of DATABASE_URL, never by DEBUG:
+# SQLite, a file broker and generated secrets, all in one private folder, so a
+# fresh checkout runs with no services and every manage.py command, Celery
+# process and test run from the checkout works after `make run` with nothing
+# typed in front. Production (DATABASE_URL set) brings its own secrets.
+GATEHOUSE_EMBEDDED = not env.str("DATABASE_URL", default="")
 VAR_DIR = Path(env.str("GATEHOUSE_VAR_DIR", default=str(BASE_DIR / "var")))
+if GATEHOUSE_EMBEDDED:
+    embedded.make_private(VAR_DIR)
+    # Django's storages chmod what they write (0644 by default): keep it private.
+    FILE_UPLOAD_PERMISSIONS = embedded.PRIVATE_FILE_MODE
+    FILE_UPLOAD_DIRECTORY_PERMISSIONS = embedded.PRIVATE_DIR_MODE
 
+# Off by default in both modes: no stack-trace page is ever shown to a reviewer.
 DEBUG = env.bool("DEBUG", default=False)
-SECRET_KEY = env.str(
-    "SECRET_KEY",
-    default="embedded-insecure-secret-key-set-SECRET_KEY-in-production"
-    if DEBUG
-    else "",
-)
-if not SECRET_KEY:
-    from django.core.exceptions import ImproperlyConfigured
 
-    raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
-ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+SECRET_KEY = env.str("SECRET_KEY", default="")
+# The master key ring: "id:base64key,..."; the first key wraps new data keys.
+# Parsed and validated in runs.crypto (and nowhere else).
+GATEHOUSE_MASTER_KEYS = env.str("GATEHOUSE_MASTER_KEYS", default="")
+# The audit key ring, same format: HMAC keys that seal the audit trail's blocks
+# and sign its heads. Kept out of the database on purpose (docs/security.md).
+GATEHOUSE_AUDIT_KEYS = env.str("GATEHOUSE_AUDIT_KEYS", default="")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=[])
+# The embedded mode's generated development keys in use, by the setting each
+# stands in for (runs.crypto warns about them); empty in production.
+GATEHOUSE_DEVELOPMENT_KEY_FILES: dict[str, Path] = {}
+if GATEHOUSE_EMBEDDED:
+    SECRET_KEY = SECRET_KEY or embedded.generated_secret(
+        VAR_DIR / "secret.key", make=embedded.random_secret_key
+    )
+    if not GATEHOUSE_MASTER_KEYS:
+        GATEHOUSE_DEVELOPMENT_KEY_FILES["GATEHOUSE_MASTER_KEYS"] = (
+            VAR_DIR / "master.key"
+        )
+        GATEHOUSE_MASTER_KEYS = embedded.development_key_ring(
+            VAR_DIR / "master.key", key_id="embedded-1"
+        )
+    if not GATEHOUSE_AUDIT_KEYS:
+        GATEHOUSE_DEVELOPMENT_KEY_FILES["GATEHOUSE_AUDIT_KEYS"] = VAR_DIR / "audit.key"
+        GATEHOUSE_AUDIT_KEYS = embedded.development_key_ring(
+            VAR_DIR / "audit.key", key_id="embedded-audit-1"
+        )
+    ALLOWED_HOSTS = ALLOWED_HOSTS or ["127.0.0.1", "localhost"]
+else:
+    _KEY_RING_EXAMPLE = (
+        "python3 -c 'import base64,os; "
+        'print("k1:"+base64.b64encode(os.urandom(32)).decode())\''
+    )
+    _missing = [
+        message
+        for value, message in (
+            (
+                SECRET_KEY,
+                "SECRET_KEY is not set: production (DATABASE_URL is set) needs a "
+                "long random one, e.g. python3 -c 'import secrets; "
+                "print(secrets.token_urlsafe(50))'.",
+            ),
+            (
+                GATEHOUSE_MASTER_KEYS,
+                "GATEHOUSE_MASTER_KEYS is not set: production needs a master key "
+                f'ring "id:base64key", e.g. {_KEY_RING_EXAMPLE}.',
+            ),
+            (
+                GATEHOUSE_AUDIT_KEYS,
+                "GATEHOUSE_AUDIT_KEYS is not set: production needs an audit key "
+                f"ring (another key, same format), e.g. {_KEY_RING_EXAMPLE}.",
+            ),
+            (
+                ALLOWED_HOSTS,
+                "ALLOWED_HOSTS is not set: production needs the host names it "
+                "answers to, comma-separated (e.g. gatehouse.example.com).",
+            ),
+        )
+        if not value
+    ]
+    if _missing:
+        raise ImproperlyConfigured("\n".join(_missing))
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
@@ -37,6 +104,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "csp",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -51,6 +119,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "runs.api.middleware.ApiBodySizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -78,7 +147,10 @@ TEMPLATES = [
     },
 ]
 
+# The web server serves config.asgi (gunicorn with uvicorn workers); wsgi.py
+# remains for Django's own tools (runserver).
 WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
 
 # --- Database -----------------------------------------------------------------
 EMBEDDED_DATABASE_URL = f"sqlite:///{VAR_DIR / 'gatehouse.sqlite3'}"
@@ -92,7 +164,22 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+elif env.bool("DATABASE_POOL", default=False):
+    # The web process (config/asgi.py turns this on) runs each request's sync
+    # code on a thread of its own: a connection kept per thread would leak, so
+    # connections come from a psycopg pool, one per process, and go back to it
+    # at the end of every request. Persistent connections are off with a pool.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env.int("DATABASE_POOL_MIN_SIZE", default=2),
+        "max_size": env.int("DATABASE_POOL_MAX_SIZE", default=10),
+        "timeout": env.int("DATABASE_POOL_TIMEOUT", default=10),
+    }
 else:
+    # Celery workers, beat and manage.py are synchronous, one thread per
+    # process: a persistent connection, health-checked before reuse. (A pool
+    # would not help there: Celery closes a prefork child's pool after every
+    # task.)
     DATABASES["default"].setdefault(
         "CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", 60)
     )
@@ -109,18 +196,82 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "/admin/login/"
 
+# --- Deployment security ----------------------------------------------------------
+# Transport security is on by default in production, which is served over TLS
+# (directly or behind a proxy). The embedded mode serves plain http on
+# 127.0.0.1: a Secure cookie would never come back over http and the admin
+# login would fail, so there the transport settings default off; its cookies
+# never leave the machine. Every one of them can be set either way.
+_SERVED_OVER_TLS = not GATEHOUSE_EMBEDDED
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=_SERVED_OVER_TLS)
+# Load balancers and orchestrators probe over plain http.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+# Behind a TLS-terminating proxy that sets it: "HTTP_X_FORWARDED_PROTO,https".
+# Only when the proxy always sets or strips that header; otherwise a client
+# could claim https. (gunicorn's uvicorn workers already trust it from
+# FORWARDED_ALLOW_IPS, 127.0.0.1 by default.)
+SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
+SECURE_HSTS_SECONDS = env.int(
+    "SECURE_HSTS_SECONDS", default=365 * 24 * 3600 if _SERVED_OVER_TLS else 0
+)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool(
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True
+)
+# Preloading is a commitment registered with browser vendors, hard to undo: an
+# operator opts in. Until then Django's reminder (W021) is silenced.
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
+if GATEHOUSE_EMBEDDED:
+    # SQLite ignores the INCLUDE columns of Postgres's covering indexes; the
+    # embedded mode does without them, and `make run` should not say so each time.
+    SILENCED_SYSTEM_CHECKS.append("models.W040")
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=_SERVED_OVER_TLS)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=_SERVED_OVER_TLS)
+SESSION_COOKIE_SAMESITE = env.str("SESSION_COOKIE_SAMESITE", default="Lax")
+CSRF_COOKIE_SAMESITE = env.str("CSRF_COOKIE_SAMESITE", default="Lax")
+# A reviewer's admin session lasts a working day, not Django's two weeks.
+SESSION_COOKIE_AGE = env.int("SESSION_COOKIE_AGE", default=8 * 3600)
+X_FRAME_OPTIONS = "DENY"
+# django-csp, on every response. Scripts only from this origin's files (no
+# inline script, no eval): an injected <script> does not run. Inline style
+# attributes are allowed: the admin's templates and Swagger UI's page use them,
+# and a style runs no code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    }
+}
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Where `collectstatic` puts the files; the embedded mode needs none there (the
+# apps' own folders are served as they are), but the command works in it too.
+STATIC_ROOT = Path(
+    env.str(
+        "STATIC_ROOT",
+        default=str(
+            VAR_DIR / "static" if GATEHOUSE_EMBEDDED else BASE_DIR / "staticfiles"
+        ),
+    )
+)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Production serves `collectstatic`'s hashed, compressed files; the embedded
+    # mode serves the apps' own static folders as they are (no collectstatic).
     "staticfiles": {
         "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
-        if DEBUG
+        if GATEHOUSE_EMBEDDED
         else "whitenoise.storage.CompressedManifestStaticFilesStorage"
     },
 }
@@ -207,14 +358,7 @@ CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ALWAYS_EAGER = False
 
 # --- Gatehouse ---------------------------------------------------------------------
-# The master key ring: "id:base64key,..."; the first key wraps new data keys.
-# Parsed and validated in runs.crypto (and nowhere else).
-GATEHOUSE_MASTER_KEYS = env.str("GATEHOUSE_MASTER_KEYS", default="")
-GATEHOUSE_MASTER_KEY_FILE = VAR_DIR / "master.key"
-# The audit key ring, same format: HMAC keys that seal the audit trail's blocks
-# and sign its heads. Kept out of the database on purpose (docs/security.md).
-GATEHOUSE_AUDIT_KEYS = env.str("GATEHOUSE_AUDIT_KEYS", default="")
-GATEHOUSE_AUDIT_KEY_FILE = VAR_DIR / "audit.key"
+# GATEHOUSE_MASTER_KEYS and GATEHOUSE_AUDIT_KEYS: under "Mode and secrets" above.
 # Key of the audit trail's argument digests (audit.redaction); unset, derived
 # from SECRET_KEY. Set it to keep digests comparable across a SECRET_KEY rotation.
 GATEHOUSE_AUDIT_DIGEST_KEY = env.str("GATEHOUSE_AUDIT_DIGEST_KEY", default="")

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from retention.api.views import ThreadDetailDeleteView
 from runs import health
@@ -21,7 +21,9 @@ api_v1 = [
     path("schema", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path(
         "docs",
-        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[]),
+        # The split view serves its start-up script as a file: the CSP allows
+        # no inline script.
+        SpectacularSwaggerSplitView.as_view(url_name="schema", permission_classes=[]),
         name="api-docs",
     ),
 ]

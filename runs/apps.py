@@ -6,9 +6,9 @@ from runs import crypto, registry
 
 def _forget_cached_settings(*, setting: str, **kwargs) -> None:
     """Tests override settings; the caches built from them must follow."""
-    if setting in {"GATEHOUSE_MASTER_KEYS", "GATEHOUSE_MASTER_KEY_FILE", "DEBUG"}:
+    if setting == "GATEHOUSE_MASTER_KEYS":
         crypto.keyring.cache_clear()
-    if setting in {"GATEHOUSE_AUDIT_KEYS", "GATEHOUSE_AUDIT_KEY_FILE", "DEBUG"}:
+    if setting == "GATEHOUSE_AUDIT_KEYS":
         crypto.audit_keyring.cache_clear()
     if setting in {
         "GATEHOUSE_AGENTS",

@@ -57,14 +57,12 @@ import base64
 import binascii
 import hashlib
 import hmac
-import logging
 import os
 import secrets
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ormsgpack
@@ -79,7 +77,6 @@ from runs.serde import StrictSerializer, default_serializer
 if TYPE_CHECKING:
     from runs.models import Thread
 
-logger = logging.getLogger(__name__)
 
 MASTER_KEY_BYTES = 32
 MASTER_KEYS_SETTING = "GATEHOUSE_MASTER_KEYS"
@@ -151,80 +148,17 @@ def parse_keyring(spec: str, *, setting: str = MASTER_KEYS_SETTING) -> KeyRing:
     return KeyRing(active_id=next(iter(keys)), keys=keys, setting=setting)
 
 
-def generate_master_key_entry(key_id: str) -> str:
-    """A new ring entry, "id:base64key", for operators and the embedded mode."""
-    return (
-        f"{key_id}:{base64.b64encode(secrets.token_bytes(MASTER_KEY_BYTES)).decode()}"
-    )
-
-
-def _embedded_keyring_spec(path: Path, *, setting: str, key_id: str, risk: str) -> str:
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # O_EXCL: web, worker and beat start together; exactly one creates the key.
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(generate_master_key_entry(key_id) + "\n")
-    logger.warning(
-        "\n%s\n%s is not set: using the development key in %s.\n"
-        "%s Set %s before storing real data.\n%s",
-        "!" * 78,
-        setting,
-        path,
-        risk,
-        setting,
-        "!" * 78,
-    )
-    return path.read_text().strip()
-
-
-def configured_keyring(
-    *, setting: str, key_file: Path, embedded_key_id: str, risk: str
-) -> KeyRing:
-    """The ring in the setting named `setting`.
-
-    Unset, production refuses to start; the embedded mode generates a
-    development key into `key_file` once and warns that `risk`.
-    """
-    spec = getattr(settings, setting)
-    if not spec:
-        if not settings.DEBUG:
-            raise ImproperlyConfigured(
-                f"{setting} is not set and DEBUG is off: refusing to start "
-                "without it. Generate a key with "
-                "`python -c \"import base64,os;print('k1:'+base64.b64encode("
-                f'os.urandom(32)).decode())"` and set {setting}=<that>.'
-            )
-        spec = _embedded_keyring_spec(
-            key_file, setting=setting, key_id=embedded_key_id, risk=risk
-        )
-    return parse_keyring(spec, setting=setting)
-
-
 @lru_cache(maxsize=1)
 def keyring() -> KeyRing:
-    return configured_keyring(
-        setting=MASTER_KEYS_SETTING,
-        key_file=Path(settings.GATEHOUSE_MASTER_KEY_FILE),
-        embedded_key_id="embedded-1",
-        risk="Anyone who can read that file can read every checkpoint.",
-    )
+    # Production refuses to start without a ring (config/settings.py); the
+    # embedded mode fills it from the key it generated under var/.
+    return parse_keyring(settings.GATEHOUSE_MASTER_KEYS)
 
 
 @lru_cache(maxsize=1)
 def audit_keyring() -> KeyRing:
     """The keys that seal the audit trail (audit.sealing); never in the database."""
-    return configured_keyring(
-        setting=AUDIT_KEYS_SETTING,
-        key_file=Path(settings.GATEHOUSE_AUDIT_KEY_FILE),
-        embedded_key_id="embedded-audit-1",
-        risk="Anyone who can read that file and write the database can re-seal "
-        "the audit trail.",
-    )
+    return parse_keyring(settings.GATEHOUSE_AUDIT_KEYS, setting=AUDIT_KEYS_SETTING)
 
 
 def audit_mac(payload: bytes, *, key_id: str) -> str:
@@ -234,6 +168,26 @@ def audit_mac(payload: bytes, *, key_id: str) -> str:
     """
     key = audit_keyring().key(key_id)
     return hmac.new(key, payload, hashlib.sha256).hexdigest()
+
+
+# What someone who reads a generated development key can do.
+_DEVELOPMENT_KEY_RISKS = {
+    MASTER_KEYS_SETTING: "Anyone who can read that file can read every thread.",
+    AUDIT_KEYS_SETTING: "Anyone who can read that file and write the database "
+    "can re-seal the audit trail.",
+}
+
+
+def development_key_warnings() -> list[str]:
+    """One line per ring that is a development key the embedded mode generated
+    under var/: printed when `make run` starts, listed by /readyz and shown on
+    the admin's front page (not by every command)."""
+    return [
+        f"{setting} is not set: the embedded mode uses the development key in "
+        f"{path}. {_DEVELOPMENT_KEY_RISKS[setting]} Set {setting} before storing "
+        "real data."
+        for setting, path in settings.GATEHOUSE_DEVELOPMENT_KEY_FILES.items()
+    ]
 
 
 # --- Errors ----------------------------------------------------------------------

@@ -8,6 +8,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from runs import crypto
+
 
 def _check_database() -> str | None:
     try:
@@ -51,12 +53,17 @@ class HealthView(ProbeView):
 class ReadyView(ProbeView):
     @extend_schema(
         summary="Readiness: database and broker reachable (503 naming the failing check)",
+        description=(
+            "`warnings` lists what an operator must fix although the process is "
+            "ready, such as running on the embedded mode's development master key."
+        ),
         responses={
             (code, "application/json"): inline_serializer(
                 f"Readiness{code}",
                 {
                     "status": serializers.CharField(),
                     "checks": serializers.DictField(child=serializers.CharField()),
+                    "warnings": serializers.ListField(child=serializers.CharField()),
                 },
             )
             for code in (200, 503)
@@ -69,5 +76,6 @@ class ReadyView(ProbeView):
         body = {
             "status": "ok" if ready else "unavailable",
             "checks": {name: error or "ok" for name, error in checks.items()},
+            "warnings": crypto.development_key_warnings(),
         }
         return Response(body, status=200 if ready else 503)

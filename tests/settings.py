@@ -11,6 +11,7 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gateho
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production")
 os.environ.setdefault("DEBUG", "false")
+os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
 # Two fixed test keys: "test-1" active, "test-0" an older one still in the ring.
 os.environ.setdefault(
     "GATEHOUSE_MASTER_KEYS",
@@ -30,6 +31,13 @@ os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")
 from config.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# The test client and the live servers of the browser tests speak plain http.
+# Production's transport settings are tested in tests/test_deployment.py, from
+# config.settings in processes of their own.
+SECURE_SSL_REDIRECT = False
+SESSION_COOKIE_SECURE = False
+CSRF_COOKIE_SECURE = False
+SECURE_HSTS_SECONDS = 0
 # No collectstatic in tests: serve static files from the apps, unhashed.
 STORAGES = {  # noqa: F405
     **STORAGES,  # noqa: F405

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 
-from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, generics
@@ -128,7 +127,7 @@ class AuditEventListView(JsonErrors, generics.ListAPIView):
         if export_format not in export.EXPORTERS:
             return super().list(request, *args, **kwargs)
         queryset = self.get_queryset()
-        response = StreamingHttpResponse(
+        response = export.ExportResponse(
             export.EXPORTERS[export_format](queryset),
             content_type=export.CONTENT_TYPES[export_format],
         )

@@ -54,7 +54,6 @@ def embedded(var_dir: Path, *args: str) -> subprocess.CompletedProcess:
     }
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings",
-        DEBUG="true",
         GATEHOUSE_VAR_DIR=str(var_dir),
         GATEHOUSE_MASTER_KEYS="",
         GATEHOUSE_AUDIT_KEYS="",

@@ -11,8 +11,8 @@ from audit import sealing
 from audit.models import AuditBlock
 from runs.crypto import audit_keyring
 from tests.audit.helpers import add_events, reseal, tamper
+from tests.deployment.processes import manage, production_env
 from tests.factories import make_tenant
-from tests.runs.test_management_commands import manage_check
 
 pytestmark = pytest.mark.django_db
 
@@ -104,30 +104,8 @@ def test_verify_audit_names_a_reattributed_event(sealed_tenant):
     )
 
 
-def test_a_process_refuses_to_start_without_audit_keys_when_debug_is_off():
-    result = manage_check(GATEHOUSE_AUDIT_KEYS="")
-    assert result.returncode != 0
-    assert "GATEHOUSE_AUDIT_KEYS is not set and DEBUG is off" in result.stderr
-
-
 def test_a_malformed_audit_key_ring_is_refused():
     short = base64.b64encode(b"short").decode()
-    result = manage_check(GATEHOUSE_AUDIT_KEYS=f"a1:{short}")
+    result = manage("check", env=production_env(GATEHOUSE_AUDIT_KEYS=f"a1:{short}"))
     assert result.returncode != 0
     assert "GATEHOUSE_AUDIT_KEYS key 'a1' must be 32 bytes" in result.stderr
-
-
-def test_the_embedded_mode_generates_a_private_audit_key_once(tmp_path):
-    keys = []
-    for _ in range(2):
-        result = manage_check(
-            DEBUG="true",
-            GATEHOUSE_MASTER_KEYS="",
-            GATEHOUSE_AUDIT_KEYS="",
-            GATEHOUSE_VAR_DIR=str(tmp_path),
-        )
-        assert result.returncode == 0, result.stderr
-        keys.append((tmp_path / "audit.key").read_text())
-    assert keys[0].startswith("embedded-audit-1:") and keys[0] == keys[1]
-    assert (tmp_path / "audit.key").read_text() != (tmp_path / "master.key").read_text()
-    assert oct((tmp_path / "audit.key").stat().st_mode & 0o777) == "0o600"

@@ -1,10 +1,6 @@
 """Operators' commands for tenants, keys and reviewers."""
 
 import io
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from django.contrib.auth import authenticate
@@ -15,7 +11,6 @@ from runs.models import ApiKey, Membership, Tenant
 from tests.factories import api_client
 
 pytestmark = pytest.mark.django_db
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args) -> str:
@@ -83,49 +78,3 @@ def test_create_reviewer_generates_a_password_without_a_terminal():
     user = authenticate(username="rita", password=password)
     assert user is not None and user.is_staff
     assert Membership.objects.get(user=user).role == "reviewer"
-
-
-def manage_check(**env: str) -> subprocess.CompletedProcess:
-    """`manage.py check` in a fresh process with production-like settings."""
-    env = {
-        **os.environ,
-        "DEBUG": "false",
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "SECRET_KEY": "x",
-        **env,
-    }
-    return subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def test_process_refuses_to_start_without_master_keys_when_debug_is_off():
-    result = manage_check(GATEHOUSE_MASTER_KEYS="")
-    assert result.returncode != 0
-    assert "GATEHOUSE_MASTER_KEYS is not set and DEBUG is off" in result.stderr
-
-
-def test_malformed_master_key_ring_is_refused():
-    result = manage_check(GATEHOUSE_MASTER_KEYS="k1:c2hvcnQ=")
-    assert result.returncode != 0
-    assert "must be 32 bytes" in result.stderr
-
-
-def test_embedded_mode_generates_a_key_once(tmp_path):
-    key_file = tmp_path / "master.key"
-    keys = []
-    for _ in range(2):
-        result = manage_check(
-            DEBUG="true", GATEHOUSE_MASTER_KEYS="", GATEHOUSE_VAR_DIR=str(tmp_path)
-        )
-        assert result.returncode == 0, result.stderr
-        assert "GATEHOUSE_MASTER_KEYS is not set" in result.stderr
-        keys.append(key_file.read_text())
-    assert keys[0].startswith("embedded-1:")
-    assert keys[0] == keys[1]  # the second start reuses the key, never replaces it
-    assert oct(key_file.stat().st_mode & 0o777) == "0o600"

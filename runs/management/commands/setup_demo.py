@@ -1,7 +1,9 @@
-"""Creates (once) the demo tenant, reviewer and API key that `make run` prints.
+"""Creates (once) the demo tenant, its people and the API key that `make run` prints.
 
-The credentials are kept in var/demo.env, so running it again reuses them: the
-API key's secret exists nowhere else (only its digest is stored).
+One person per role the README's walkthrough shows: a plain reviewer, a
+compliance officer and an auditor. The credentials are kept in var/demo.env
+(0600), so running it again reuses them: the API key's secret exists nowhere
+else (only its digest is stored).
 """
 
 import secrets
@@ -13,10 +15,15 @@ from django.core.management.base import BaseCommand
 
 from audit.services import Actor
 from runs import services
-from runs.models import ApiKey, Role, Tenant
+from runs.models import ApiKey, Membership, Role, Tenant
 
 DEMO_TENANT = "demo"
-DEMO_REVIEWER = "reviewer"
+# (variable prefix in demo.env, username, role)
+DEMO_PEOPLE = (
+    ("GATEHOUSE_REVIEWER", "reviewer", Role.REVIEWER),
+    ("GATEHOUSE_COMPLIANCE_OFFICER", "compliance", Role.COMPLIANCE_OFFICER),
+    ("GATEHOUSE_AUDITOR", "auditor", Role.AUDITOR),
+)
 
 
 def _read_env(path: Path) -> dict[str, str]:
@@ -30,7 +37,8 @@ def _read_env(path: Path) -> dict[str, str]:
 
 class Command(BaseCommand):
     help = (
-        "Create the demo tenant, reviewer and API key (idempotent); write var/demo.env."
+        "Create the demo tenant, a reviewer, a compliance officer, an auditor and "
+        "an API key (idempotent); write them to var/demo.env."
     )
 
     def add_arguments(self, parser):
@@ -45,21 +53,31 @@ class Command(BaseCommand):
             slug=DEMO_TENANT
         ).first() or services.tenant_create(slug=DEMO_TENANT, name="Demo", actor=actor)
 
-        password = known.get("GATEHOUSE_REVIEWER_PASSWORD")
-        if not (password and authenticate(username=DEMO_REVIEWER, password=password)):
-            password = secrets.token_urlsafe(12)
-            services.reviewer_create(
-                tenant=tenant,
-                username=DEMO_REVIEWER,
-                password=password,
-                role=Role.COMPLIANCE_OFFICER,
-                actor=actor,
+        values = {"GATEHOUSE_URL": url}
+        for variable, username, role in DEMO_PEOPLE:
+            password = known.get(f"{variable}_PASSWORD", "")
+            user = password and authenticate(username=username, password=password)
+            in_role = (
+                user
+                and Membership.objects.for_tenant(tenant)
+                .filter(user=user, role=role)
+                .exists()
             )
+            if not in_role:
+                password = secrets.token_urlsafe(12)
+                services.reviewer_create(
+                    tenant=tenant,
+                    username=username,
+                    password=password,
+                    role=role,
+                    actor=actor,
+                )
+            values[variable] = username
+            values[f"{variable}_PASSWORD"] = password
 
         secret = known.get("GATEHOUSE_API_KEY", "")
-        prefix = secret.split(".", 1)[0]
         key = ApiKey.objects.filter(
-            tenant=tenant, prefix=prefix, revoked_at=None
+            tenant=tenant, prefix=secret.split(".", 1)[0], revoked_at=None
         ).first()
         if key is None or not key.matches(secret):
             secret = services.api_key_create(
@@ -68,24 +86,28 @@ class Command(BaseCommand):
                 scopes=["runs", "approvals", "audit"],
                 actor=actor,
             ).secret
+        values["GATEHOUSE_API_KEY"] = secret
 
-        env_path.parent.mkdir(parents=True, exist_ok=True)
+        # The folder is private and the umask 077 (config.embedded); the chmod
+        # also covers a demo.env an older version left readable.
         env_path.write_text(
-            f"GATEHOUSE_URL={url}\n"
-            f"GATEHOUSE_API_KEY={secret}\n"
-            f"GATEHOUSE_REVIEWER={DEMO_REVIEWER}\n"
-            f"GATEHOUSE_REVIEWER_PASSWORD={password}\n"
+            "".join(f"{key}={value}\n" for key, value in values.items())
         )
         env_path.chmod(0o600)
+        people = [
+            f"  {role.label + ':':<20} {values[variable]} / "
+            f"{values[f'{variable}_PASSWORD']}"
+            for variable, _, role in DEMO_PEOPLE
+        ]
         self.stdout.write(
             "\n".join(
                 [
                     "",
-                    "Gatehouse is starting (embedded mode).",
-                    f"  Admin:     {url}/admin/",
-                    f"  API docs:  {url}/api/v1/docs",
-                    f"  Reviewer:  {DEMO_REVIEWER} / {password}",
-                    f"  API key:   {secret}",
+                    "Gatehouse (embedded mode)",
+                    f"  {'Admin:':<20} {url}/admin/",
+                    f"  {'API docs:':<20} {url}/api/v1/docs",
+                    *people,
+                    f"  {'API key:':<20} {secret}",
                     f"  (also in {env_path}; `source {env_path}` for the README's curl)",
                     "",
                 ]
