@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand
 
 from audit.services import Actor
 from runs import services
-from runs.models import ApiKey, Membership, Role, Tenant
+from runs.models import ApiKey, Membership, Role, Scope, Tenant
 
 DEMO_TENANT = "demo"
 # (variable prefix in demo.env, username, role)
@@ -83,7 +83,7 @@ class Command(BaseCommand):
             secret = services.api_key_create(
                 tenant=tenant,
                 name="demo key",
-                scopes=["runs", "approvals", "audit"],
+                scopes=list(Scope.values),
                 actor=actor,
             ).secret
         values["GATEHOUSE_API_KEY"] = secret
