@@ -79,6 +79,10 @@ def _setup_django(bench_url: str) -> None:
     os.environ.setdefault(
         "GATEHOUSE_MASTER_KEYS", "bench:" + base64.b64encode(key).decode()
     )
+    audit_key = hashlib.sha256(b"gatehouse bench admin queue audit").digest()
+    os.environ.setdefault(
+        "GATEHOUSE_AUDIT_KEYS", "bench-audit:" + base64.b64encode(audit_key).decode()
+    )
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     import django
     from django.core.management import call_command

@@ -99,6 +99,10 @@ def _setup_django(bench_url: str) -> None:
     os.environ.setdefault(
         "GATEHOUSE_MASTER_KEYS", "bench:" + base64.b64encode(os.urandom(32)).decode()
     )
+    os.environ.setdefault(
+        "GATEHOUSE_AUDIT_KEYS",
+        "bench-audit:" + base64.b64encode(os.urandom(32)).decode(),
+    )
     os.environ.setdefault("CELERY_BROKER_URL", "memory://")
     os.environ["GATEHOUSE_THROTTLE_RATE"] = "100000000/minute"
     os.environ.setdefault("LOG_LEVEL", "WARNING")

@@ -87,6 +87,10 @@ def _setup_django(bench_url: str) -> None:
         "GATEHOUSE_MASTER_KEYS",
         "bench:" + base64.b64encode(os.urandom(32)).decode(),
     )
+    os.environ.setdefault(
+        "GATEHOUSE_AUDIT_KEYS",
+        "bench-audit:" + base64.b64encode(os.urandom(32)).decode(),
+    )
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     os.environ.setdefault("ALLOWED_HOSTS", "localhost")
     import django

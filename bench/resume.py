@@ -40,6 +40,7 @@ os.environ.update(
         "DEBUG": "false",
         "GATEHOUSE_MASTER_KEYS": "bench:"
         + "QkVOQ0hNQVJLLUtFWS0zMi1CWVRFUy1MT05HLi4uLi4=",
+        "GATEHOUSE_AUDIT_KEYS": "bench-audit:QkVOQ0hNQVJLLUFVRElULUtFWS0zMi1CWVRFUy0uLiE=",
         "GATEHOUSE_THROTTLE_RATE": "1000000/minute",
         "ALLOWED_HOSTS": "testserver,127.0.0.1",
         # The test client speaks plain http; production would redirect it.

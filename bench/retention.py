@@ -83,6 +83,10 @@ def _environment(bench_url: str) -> dict[str, str]:
     env.setdefault(
         "GATEHOUSE_MASTER_KEYS", "bench:" + base64.b64encode(os.urandom(32)).decode()
     )
+    env.setdefault(
+        "GATEHOUSE_AUDIT_KEYS",
+        "bench-audit:" + base64.b64encode(os.urandom(32)).decode(),
+    )
     env.setdefault("LOG_LEVEL", "WARNING")
     env.setdefault("ALLOWED_HOSTS", "localhost")
     env["PYTHONPATH"] = str(ROOT)
