@@ -1,11 +1,16 @@
 """What a graph's nodes know about the Gatehouse run executing them.
 
 Passed as LangGraph's runtime context (`graph.invoke(..., context=...)`),
-which is never persisted; nodes and `runs.tools` read it with
-`langgraph.runtime.get_runtime().context`.
+which is never persisted; nodes and the durable helpers (`runs.tools`,
+`runs.replay`) read it with `current_step()`.
 """
 
+from __future__ import annotations
+
+import hashlib
 from dataclasses import dataclass
+
+from langgraph.runtime import ExecutionInfo, get_runtime
 
 
 @dataclass(frozen=True)
@@ -13,3 +18,42 @@ class RunContext:
     tenant_id: int
     thread_pk: int
     run_id: str
+
+
+class OutsideRun(RuntimeError):
+    """A durable helper was called outside a step of a Gatehouse run."""
+
+
+def current_step() -> tuple[RunContext, ExecutionInfo]:
+    """The run and the step (node or task) executing this code."""
+    try:
+        runtime = get_runtime()
+    except RuntimeError:
+        runtime = None
+    context = getattr(runtime, "context", None)
+    if not isinstance(context, RunContext) or runtime.execution_info is None:
+        raise OutsideRun(
+            "this helper records what it does in the thread, so it only works "
+            "inside a node or task of an agent that Gatehouse runs"
+        )
+    return context, runtime.execution_info
+
+
+def step_key(purpose: str, *parts: object) -> str:
+    """A digest naming something done in the current step, the same every
+    time LangGraph runs the step again (after a crash, a retry or a resume):
+    tenant, thread, checkpoint namespace and id, and task id, plus `parts`."""
+    context, info = current_step()
+    material = "\x1f".join(
+        str(part)
+        for part in (
+            purpose,
+            context.tenant_id,
+            context.thread_pk,
+            info.checkpoint_ns,
+            info.checkpoint_id,
+            info.task_id,
+            *parts,
+        )
+    )
+    return hashlib.sha256(material.encode()).hexdigest()

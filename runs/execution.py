@@ -26,7 +26,7 @@ from langgraph.types import Command
 
 from audit import events
 from audit.services import Actor, record
-from runs import dispatch, selectors
+from runs import dispatch, replay, selectors
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
@@ -188,7 +188,9 @@ def _invoke(run: Run, thread: Thread) -> Outcome:
     cipher = ThreadCipher.for_thread(thread)
     graph_input, config = _graph_input(run, thread, cipher)
     context = RunContext(
-        tenant_id=thread.tenant_id, thread_pk=thread.pk, run_id=str(run.id)
+        tenant_id=thread.tenant_id,
+        thread_pk=thread.pk,
+        run_id=str(run.id),
     )
     graph.invoke(graph_input, config, context=context, durability="sync")
     state = graph.get_state(thread_config(thread))
@@ -283,4 +285,5 @@ def execute(run_id: str) -> None:
         outcome = Outcome(error=exc)
     finally:
         heartbeat.stop()
+        replay.forget_run(run_id)
     _finish(run_id, owner, outcome)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from langgraph.graph.state import CompiledStateGraph
+from langgraph.pregel import Pregel
 
 from runs import registry
 from runs.checkpointer import DjangoSaver
@@ -28,20 +28,20 @@ def spec_for(thread: Thread, version: str | None = None) -> registry.AgentSpec:
 # Building and compiling a graph costs tens of milliseconds, more than the rest
 # of a resume; a compiled graph is immutable, so each process compiles an agent
 # version once and binds a copy to each run's tenant.
-_compiled: dict[registry.AgentSpec, CompiledStateGraph] = {}
+_compiled: dict[registry.AgentSpec, Pregel] = {}
 _compiled_lock = threading.Lock()
 
 
-def _template(spec: registry.AgentSpec, tenant) -> CompiledStateGraph:
+def _template(spec: registry.AgentSpec, tenant) -> Pregel:
     with _compiled_lock:
         graph = _compiled.get(spec)
         if graph is None:
-            graph = spec.build_graph().compile(checkpointer=DjangoSaver(tenant=tenant))
+            graph = spec.compile(DjangoSaver(tenant=tenant))
             _compiled[spec] = graph
         return graph
 
 
-def compiled(spec: registry.AgentSpec, tenant) -> CompiledStateGraph:
+def compiled(spec: registry.AgentSpec, tenant) -> Pregel:
     """The agent version's compiled graph, checkpointing for `tenant`."""
     template = _template(spec, tenant)
     return template.copy(
@@ -49,7 +49,7 @@ def compiled(spec: registry.AgentSpec, tenant) -> CompiledStateGraph:
     )
 
 
-def compile_for(thread: Thread, version: str | None = None) -> CompiledStateGraph:
+def compile_for(thread: Thread, version: str | None = None) -> Pregel:
     return compiled(spec_for(thread, version), thread.tenant)
 
 
@@ -60,9 +60,7 @@ def thread_config(thread: Thread, checkpoint_id: str | None = None) -> dict:
     return {"configurable": configurable}
 
 
-def ensure_nodes_exist(
-    graph: CompiledStateGraph, nodes: list[str], *, key: str
-) -> None:
+def ensure_nodes_exist(graph: Pregel, nodes: list[str], *, key: str) -> None:
     """Refuse to continue at a node the graph no longer has."""
     missing = [node for node in nodes if node not in graph.nodes]
     if missing:

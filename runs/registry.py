@@ -1,7 +1,10 @@
-"""The agent registry: name@version -> a factory returning an uncompiled StateGraph.
+"""The agent registry: name@version -> an agent.
 
-Built-in agents come from settings.GATEHOUSE_BUILTIN_AGENTS; operators add
-their own without editing code through GATEHOUSE_AGENTS, as
+An agent is a factory returning an uncompiled `StateGraph`, or a LangGraph
+Functional API `@entrypoint` (a workflow of `@task`s); either way Gatehouse
+attaches its own checkpointer (`AgentSpec.compile`), so agent code never
+touches storage. Built-in agents come from settings.GATEHOUSE_BUILTIN_AGENTS;
+operators add their own without editing code through GATEHOUSE_AGENTS, as
 "name@version=package.module:factory,...". Factories are imported lazily, the
 first time an agent is used or listed.
 """
@@ -16,6 +19,8 @@ from functools import lru_cache
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.pregel import Pregel
 
 from runs.actions import GatedAction, declared_actions
 
@@ -40,7 +45,8 @@ class AgentSpec:
     def key(self) -> str:
         return f"{self.name}@{self.version}"
 
-    def factory(self) -> Callable:
+    def factory(self) -> Callable | Pregel:
+        """What the registration names: a graph factory or an `@entrypoint`."""
         try:
             module = importlib.import_module(self.module)
             return getattr(module, self.attr)
@@ -50,19 +56,30 @@ class AgentSpec:
             ) from exc
 
     @property
+    def is_functional(self) -> bool:
+        """A Functional API `@entrypoint` rather than a StateGraph factory."""
+        return isinstance(self.factory(), Pregel)
+
+    @property
     def description(self) -> str:
-        doc = (self.factory().__doc__ or "").strip()
+        target = self.factory()
+        if isinstance(target, Pregel):
+            target = _entrypoint_function(target)
+        doc = (target.__doc__ or "").strip()
         return doc.splitlines()[0] if doc else ""
+
+    def _declared(self, name: str) -> frozenset[str]:
+        return frozenset(getattr(self.factory(), name, ()))
 
     @property
     def safe_metadata_keys(self) -> frozenset[str]:
         """Thread metadata keys the agent declares safe to store in clear."""
-        return frozenset(getattr(self.factory(), "safe_metadata_keys", ()))
+        return self._declared("safe_metadata_keys")
 
     @property
     def safe_args(self) -> frozenset[str]:
         """Action arguments the agent declares safe to show in the audit trail."""
-        return frozenset(getattr(self.factory(), "safe_args", ()))
+        return self._declared("safe_args")
 
     @property
     def actions(self) -> dict[str, GatedAction] | None:
@@ -84,6 +101,25 @@ class AgentSpec:
     def build_graph(self):
         """A new uncompiled StateGraph of this agent version."""
         return self.factory()()
+
+    def compile(self, checkpointer: BaseCheckpointSaver) -> Pregel:
+        """The agent, ready to run, checkpointing through `checkpointer`."""
+        target = self.factory()
+        graph = target if isinstance(target, Pregel) else target()
+        if not isinstance(graph, Pregel):
+            return graph.compile(checkpointer=checkpointer)
+        # An @entrypoint is already a Pregel: bind it to the saver, keeping the
+        # serialisation allow-list LangGraph derived from its signature.
+        allowlist = getattr(graph, "_serde_allowlist", None)
+        if allowlist is not None:
+            checkpointer = checkpointer.with_allowlist(allowlist)
+        return graph.copy(update={"checkpointer": checkpointer})
+
+
+def _entrypoint_function(graph: Pregel) -> Callable:
+    """The function an `@entrypoint` wraps (its one node's callable)."""
+    node = next(iter(graph.nodes.values()))
+    return getattr(node.bound, "func", None) or node.bound
 
 
 def _parse(key: str, target: str, *, draining: set[str], source: str) -> AgentSpec:

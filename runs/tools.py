@@ -30,40 +30,23 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
-from langgraph.runtime import get_runtime
 
 from audit import events
 from audit.redaction import describe
 from audit.services import Actor, record
-from runs.context import RunContext
+from runs.context import current_step, step_key
 from runs.crypto import ThreadCipher
 from runs.models import Thread, ToolCall
 
 
-def _digest(*parts: object) -> str:
-    material = "\x1f".join(str(part) for part in parts)
-    return hashlib.sha256(material.encode()).hexdigest()
-
-
 def args_digest(args: dict[str, Any]) -> str:
-    return _digest(json.dumps(args, sort_keys=True, default=str))
+    material = json.dumps(args, sort_keys=True, default=str)
+    return hashlib.sha256(material.encode()).hexdigest()
 
 
 def idempotency_key(*, tool: str, call_index: int = 0) -> str:
     """The key of this call in the current step; stable across retries."""
-    runtime = get_runtime()
-    context: RunContext = runtime.context
-    info = runtime.execution_info
-    return _digest(
-        "gatehouse-tool-call",
-        context.tenant_id,
-        context.thread_pk,
-        info.checkpoint_ns,
-        info.checkpoint_id,
-        info.task_id,
-        tool,
-        call_index,
-    )
+    return step_key("gatehouse-tool-call", tool, call_index)
 
 
 def side_effect(
@@ -79,7 +62,7 @@ def side_effect(
     `safe_keys` names the arguments that may appear in clear in the audit
     trail (an order id, an amount); the others appear only as digests.
     """
-    context: RunContext = get_runtime().context
+    context, _ = current_step()
     key = idempotency_key(tool=tool, call_index=call_index)
     thread = Thread.objects.select_related("tenant").get(pk=context.thread_pk)
     cipher = ThreadCipher.for_thread(thread)

@@ -1,4 +1,22 @@
+import os
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
+
+
+def pytest_configure(config):
+    """docs/writing-agents.md's examples become an importable package, here and
+    in the workers the suite starts (see tests/docs_examples.py)."""
+    from tests.docs_examples import write_package
+
+    root = tempfile.mkdtemp(prefix="gatehouse-docs-")
+    write_package(Path(root))
+    sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [root, os.environ.get("PYTHONPATH")])
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -29,6 +29,7 @@ os.environ.setdefault("GATEHOUSE_RUN_LEASE_SECONDS", "3")
 os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")
 
 from config.settings import *  # noqa: E402,F403
+from tests.docs_examples import registrations  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # The test client and the live servers of the browser tests speak plain http.
@@ -53,6 +54,9 @@ GATEHOUSE_AGENTS = os.environ.get(
             "pair@1=tests.agents:pair_graph",
             "incomplete@1=tests.agents:incomplete_payload_graph",
             "ask@1=tests.agents:question_graph",
+            "tasks@1=tests.durable_agents:tasks_workflow",
+            "deadline@1=tests.durable_agents:deadline_graph",
+            *registrations(),
         ]
     ),
 )

@@ -12,7 +12,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -117,3 +118,25 @@ def wait_for(predicate: Callable[[], object], *, timeout: float = 30, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+@contextmanager
+def doomed_worker(session_worker: Worker, **env: str) -> Iterator[Worker]:
+    """Swap the session's worker for one (solo, one process) that the test
+    kills inside the block; afterwards the session's worker comes back and,
+    once the dead worker's lease has run out, takes its run over."""
+    from runs.dispatch import runs_recover_stalled
+
+    session_worker.stop()  # only the doomed worker may take the next run
+    doomed = Worker(pool="solo", concurrency=1, name="doomed", env=env)
+    try:
+        yield doomed
+    finally:
+        doomed.kill()
+        doomed.stop()
+        session_worker.__init__(name="main")
+    wait_for(
+        lambda: runs_recover_stalled()["expired_leases"],
+        timeout=20,
+        what="the killed worker's lease to expire",
+    )

@@ -1,6 +1,7 @@
 from runs.models.checkpoints import ChannelBlob, Checkpoint, PendingWrite
 from runs.models.content import ThreadContent
 from runs.models.execution import Run
+from runs.models.replay import RecordedValue
 from runs.models.tenancy import (
     ApiKey,
     IdempotencyRecord,
@@ -20,6 +21,7 @@ __all__ = [
     "IdempotencyRecord",
     "Membership",
     "PendingWrite",
+    "RecordedValue",
     "Role",
     "Run",
     "Scope",

@@ -1,0 +1,1 @@
+"""Gatehouse's public API for agent authors: see `gatehouse.durable`."""

@@ -1,0 +1,41 @@
+"""docs/writing-agents.md: every example module on the page runs as it says.
+
+The page's example modules are registered as `doc-<name>@1` (see
+tests/docs_examples.py) and run here on the real worker, over REST.
+"""
+
+import pytest
+
+from approvals.models import ApprovalRequest
+from approvals.services import payload_of
+from tests.docs_examples import AGENTS, examples
+from tests.durable.helpers import decide, start, state, wait_run
+from tests.factories import tenant_with_client
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+def test_every_example_on_the_page_is_run_here():
+    assert set(examples()) == set(AGENTS)
+
+
+def test_functional_example_ships_after_the_approval(worker):
+    _, client = tenant_with_client()
+    run_id = start(client, "doc-functional", "ship-1", {"order": {"id": "A-7"}})
+    assert wait_run(run_id).status == "interrupted"
+    assert ApprovalRequest.objects.get().action == "ship_order"
+    assert wait_run(decide(client, "ship-1")).status == "succeeded"
+    values = state(client, "ship-1")
+    assert values["shipped"] is True and values["quote"]["order_id"] == "A-7"
+
+
+def test_replay_example_keeps_its_ticket_across_the_approval(worker):
+    _, client = tenant_with_client()
+    assert wait_run(start(client, "doc-replay", "case-1", {})).status == "interrupted"
+    approved = payload_of(ApprovalRequest.objects.get())["args"]
+    assert wait_run(decide(client, "case-1")).status == "succeeded"
+    values = state(client, "case-1")
+    assert (values["ticket"], values["deadline"]) == (
+        approved["ticket"],
+        approved["deadline"],
+    )

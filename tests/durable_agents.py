@@ -1,0 +1,116 @@
+"""Agents that exercise gatehouse.durable; tests register them in settings.
+
+They report what they see through files in a directory the test passes in
+(`dir`), and a step told to `hold` waits for a `release` file: a test can kill
+the worker while a step is running, then let the step finish on the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypedDict
+
+from langgraph.func import entrypoint, task
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
+
+from gatehouse import durable
+
+
+def gate_payload(action: str, **args: Any) -> dict:
+    return {
+        "action": action,
+        "args": args,
+        "reason": f"the test asks for {action}",
+        "affects": "nothing outside the test",
+        "if_denied": "the test sees the denial",
+    }
+
+
+def note(directory: str | None, name: str, line: Any = "x") -> int:
+    """Append a line to `directory/name`; the number of lines so far."""
+    if not directory:
+        return 0
+    path = Path(directory, name)
+    with path.open("a") as file:
+        file.write(json.dumps(line) + "\n")
+    return len(path.read_text().splitlines())
+
+
+def hold(directory: str, name: str) -> None:
+    """Note that the step is running, then wait until the test releases it."""
+    note(directory, name)
+    release = Path(directory, "release")
+    deadline = time.monotonic() + 120
+    while not release.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never released the step")
+        time.sleep(0.05)
+
+
+# --- Functional API: an @entrypoint of @tasks ---------------------------------
+
+
+@task
+def count_first(directory: str | None) -> int:
+    return note(directory, "first")
+
+
+@task
+def wait_for_release(directory: str) -> None:
+    hold(directory, "second")
+
+
+@task
+def ask_in_task(payload: dict) -> dict:
+    return interrupt(payload)
+
+
+@entrypoint()
+def tasks_workflow(inputs: dict) -> dict:
+    """Runs a task, optionally a held one, then asks for approval in a task."""
+    directory = inputs.get("dir")
+    first = count_first(directory).result()
+    if inputs.get("hold"):
+        wait_for_release(directory).result()
+    decision = ask_in_task(inputs.get("payload") or gate_payload("ship")).result()
+    return {"first": first, "decision": decision}
+
+
+# --- Replay-safe values in a StateGraph node ----------------------------------
+
+
+class DeadlineState(TypedDict, total=False):
+    dir: str
+    hold: bool
+    seen: dict
+    decision: dict
+
+
+def open_ticket(state: DeadlineState) -> DeadlineState:
+    deadline = durable.now() + timedelta(hours=1)
+    ticket = durable.uuid4()
+    seen = {
+        "deadline": deadline.isoformat(),
+        "ticket": str(ticket),
+        "draw": durable.random(),
+        "seeded": durable.Random().randrange(10**12),
+        "wall_clock": datetime.now(UTC).isoformat(),
+    }
+    note(state.get("dir"), "seen", seen)
+    if state.get("hold"):
+        hold(state["dir"], "held")
+    decision = interrupt(gate_payload("open_ticket", **seen))
+    return {"seen": seen, "decision": decision}
+
+
+def deadline_graph() -> StateGraph:
+    """Draws a deadline and a ticket before an approval and uses them after."""
+    graph = StateGraph(DeadlineState)
+    graph.add_node("open_ticket", open_ticket)
+    graph.add_edge(START, "open_ticket")
+    graph.add_edge("open_ticket", END)
+    return graph
