@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import hashlib
-import hmac
 import json
 import math
 import uuid
@@ -24,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
+from django.utils.crypto import salted_hmac
 
 DIGEST_PREFIX = "hmac-sha256:"
 DIGEST_HEX_CHARS = 16
@@ -39,18 +38,15 @@ class Described(dict):
     values. The only nested mapping record() accepts."""
 
 
-def _digest_key() -> bytes:
-    configured = getattr(settings, "GATEHOUSE_AUDIT_DIGEST_KEY", "")
-    material = configured or settings.SECRET_KEY
-    return hashlib.sha256(b"gatehouse.audit.digest\x00" + material.encode()).digest()
-
-
 def digest(value: Any) -> str:
     """A short keyed digest of any JSON-able value, stable across processes."""
     canonical = json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
     )
-    mac = hmac.new(_digest_key(), canonical.encode(), hashlib.sha256).hexdigest()
+    secret = settings.GATEHOUSE_AUDIT_DIGEST_KEY or settings.SECRET_KEY
+    mac = salted_hmac(
+        "gatehouse.audit.digest\x00", canonical, secret=secret, algorithm="sha256"
+    ).hexdigest()
     return DIGEST_PREFIX + mac[:DIGEST_HEX_CHARS]
 
 

@@ -2,18 +2,10 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from retention.api.views import ThreadDetailDeleteView
 from runs import health
 from runs.api.errors import api_not_found
 
 api_v1 = [
-    # Before runs' own thread detail: the same view plus DELETE, which the
-    # retention app owns (runs does not import retention).
-    path(
-        "threads/<str:thread_id>",
-        ThreadDetailDeleteView.as_view(),
-        name="thread-detail",
-    ),
     path("", include("runs.api.urls")),
     path("", include("approvals.api.urls")),
     path("audit/", include("audit.api.urls")),

@@ -1,7 +1,7 @@
 """A small write endpoint that exercises the shared API plumbing in tests.
 
-The real write endpoints arrive with the runs API; this one lets the plumbing
-(validation errors, Idempotency-Key, scopes) be tested on its own.
+It lets the plumbing (validation errors, Idempotency-Key, scopes) be tested
+on its own, apart from any real endpoint's rules.
 """
 
 import uuid
@@ -11,7 +11,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from runs.api.idempotency import idempotent
+from runs.api.idempotency import IdempotentWrites
 
 
 class ProbeSerializer(serializers.Serializer):
@@ -19,10 +19,9 @@ class ProbeSerializer(serializers.Serializer):
     input = serializers.DictField()
 
 
-class ProbeView(APIView):
+class ProbeView(IdempotentWrites, APIView):
     required_scope = "runs"
 
-    @idempotent
     def post(self, request):
         serializer = ProbeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

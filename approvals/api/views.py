@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from approvals.api.filters import ApprovalFilter
 from approvals.api.serializers import (
     ApprovalSerializer,
     ApprovalSummarySerializer,
     DecideSerializer,
     DecisionResultSerializer,
 )
-from approvals.models import ApprovalRequest, Gate, Risk
+from approvals.models import ApprovalRequest
 from approvals.selectors import approval_view
 from approvals.services import Reviewer, approval_decide, approval_read
+from runs.api.idempotency import IdempotentWrites
 from runs.api.views import actor_for
-from runs.errors import InvalidRequest
 from runs.models import Scope
-
-FILTERS = {
-    "status": ApprovalRequest.Status.values,
-    "risk": Risk.values,
-    "gate": Gate.values,
-}
 
 
 def _tenant_requests(request):
@@ -67,35 +62,16 @@ class ApprovalListView(generics.ListAPIView):
     required_scope = Scope.APPROVALS
     serializer_class = ApprovalSummarySerializer
 
-    @extend_schema(
-        summary="Approval requests",
-        parameters=[
-            OpenApiParameter("status", str, enum=FILTERS["status"]),
-            OpenApiParameter("risk", str, enum=FILTERS["risk"]),
-            OpenApiParameter("gate", str, enum=FILTERS["gate"]),
-            OpenApiParameter("thread_id", str),
-        ],
-    )
+    filterset_class = ApprovalFilter
+
+    @extend_schema(summary="Approval requests")
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return ApprovalRequest.objects.none()
-        queryset = _tenant_requests(self.request)
-        params = self.request.query_params
-        for name, allowed in FILTERS.items():
-            value = params.get(name)
-            if value is None:
-                continue
-            if value not in allowed:
-                raise InvalidRequest(
-                    f"{name} must be one of {', '.join(allowed)}", field=name
-                )
-            queryset = queryset.filter(**{name: value})
-        if params.get("thread_id"):
-            queryset = queryset.filter(thread__thread_id=params["thread_id"])
-        return queryset
+        return _tenant_requests(self.request)
 
 
 class ApprovalDetailView(APIView):
@@ -109,7 +85,7 @@ class ApprovalDetailView(APIView):
         return Response(body)
 
 
-class ApprovalDecisionView(APIView):
+class ApprovalDecisionView(IdempotentWrites, APIView):
     required_scope = Scope.APPROVALS
 
     @extend_schema(

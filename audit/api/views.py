@@ -181,6 +181,8 @@ class VerifyView(JsonErrors, APIView):
     saved earlier to check, as well, that the chain still holds it: nothing
     up to it was rewritten, re-sealed or removed since."""
 
+    idempotency_exempt = "a check, not work: a retry verifies the chain again"
+
     required_scope = Scope.AUDIT
 
     @extend_schema(

@@ -14,7 +14,7 @@ from retention.api.serializers import (
 )
 from retention.models import DeletionRequest
 from retention.services import subject_deletion_request, thread_deletion_request
-from runs.api.idempotency import idempotent
+from runs.api.idempotency import IdempotentWrites
 from runs.api.permissions import TenantScopePermission, resolve_principal
 from runs.api.views import ThreadDetailView, actor_for
 from runs.models import Role, Scope, Thread
@@ -65,7 +65,7 @@ class DeletionRequestPermission(TenantScopePermission):
         return True
 
 
-class DeletionRequestMixin:
+class DeletionRequestMixin(IdempotentWrites):
     permission_classes = [DeletionRequestPermission]
     required_scope = Scope.RUNS
 
@@ -93,7 +93,6 @@ class DeletionRequestListCreateView(DeletionRequestMixin, generics.ListAPIView):
             "trail is kept; the request's record says what was removed."
         ),
     )
-    @idempotent
     def post(self, request):
         body = DeletionRequestCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)

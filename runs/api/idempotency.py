@@ -13,6 +13,11 @@ record, let alone the response, of another key of the same tenant that used
 the same Idempotency-Key. The request's digest is an HMAC under a key derived
 from SECRET_KEY, not a bare hash: a body's content (a subject's e-mail in a
 deletion request) cannot be recovered by hashing candidates.
+
+It is on by default: the API's views mix in `IdempotentWrites`, which wraps
+every unsafe method a view defines; a view whose writes must not be replayed
+says why in `idempotency_exempt` (tests/runs/test_api_plumbing.py checks
+that every unsafe endpoint is one or the other).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from runs.models import IdempotencyRecord
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
+UNSAFE_METHODS = ("post", "put", "patch", "delete")
 
 
 _DIGEST_SALT = "gatehouse.idempotency.request"
@@ -108,7 +114,7 @@ def _replay(*, tenant, owner: str, key: str, digest: str) -> Response:
 
 
 def idempotent(view_method):
-    """Decorate an APIView's post(): honour the Idempotency-Key header."""
+    """Decorate an APIView's unsafe method: honour the Idempotency-Key header."""
 
     @functools.wraps(view_method)
     def wrapper(view, request, *args, **kwargs):
@@ -142,4 +148,17 @@ def idempotent(view_method):
             record.delete()
         return response
 
+    wrapper.idempotent = True
     return wrapper
+
+
+class IdempotentWrites:
+    """Mixed into API views (before DRF's classes): every post, put, patch and
+    delete that a subclass defines is `idempotent`."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in UNSAFE_METHODS:
+            handler = cls.__dict__.get(name)
+            if handler is not None and not getattr(handler, "idempotent", False):
+                setattr(cls, name, idempotent(handler))

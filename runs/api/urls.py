@@ -5,11 +5,8 @@ from runs.api import views
 urlpatterns = [
     path("agents", views.AgentListView.as_view(), name="agent-list"),
     path("threads", views.ThreadListCreateView.as_view(), name="thread-list"),
-    path(
-        "threads/<str:thread_id>",
-        views.ThreadDetailView.as_view(),
-        name="thread-detail",
-    ),
+    # threads/<thread_id> (GET, DELETE) is routed by retention, whose view adds
+    # DELETE to runs' ThreadDetailView: runs does not import retention.
     path(
         "threads/<str:thread_id>/runs",
         views.RunListCreateView.as_view(),

@@ -11,7 +11,8 @@ from rest_framework.views import APIView
 
 from audit.services import Actor
 from runs import registry, selectors, services
-from runs.api.idempotency import idempotent
+from runs.api.filters import ThreadFilter
+from runs.api.idempotency import IdempotentWrites
 from runs.api.serializers import (
     AgentSerializer,
     ApprovalRequiredSerializer,
@@ -72,7 +73,7 @@ def require_time_travel(request) -> None:
         )
 
 
-class TenantThreadMixin:
+class TenantThreadMixin(IdempotentWrites):
     """Looks threads up within the caller's tenant: another tenant's is a 404."""
 
     required_scope = Scope.RUNS
@@ -106,47 +107,26 @@ class AgentListView(APIView):
         return Response(AgentSerializer(rows, many=True).data)
 
 
-class ThreadListCreateView(generics.ListAPIView):
+class ThreadListCreateView(IdempotentWrites, generics.ListAPIView):
     required_scope = Scope.RUNS
     serializer_class = ThreadSerializer
+
+    filterset_class = ThreadFilter
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return Thread.objects.none()
-        queryset = Thread.objects.for_tenant(self.request.principal.tenant)
-        agent = self.request.query_params.get("agent")
-        if agent:
-            queryset = queryset.filter(agent_name=agent)
-        return queryset
+        return Thread.objects.for_tenant(self.request.principal.tenant)
 
-    @extend_schema(
-        summary="List threads",
-        parameters=[
-            OpenApiParameter("status", str, enum=Thread.Status.values),
-            OpenApiParameter("agent", str),
-        ],
-    )
+    @extend_schema(summary="List threads")
     def get(self, request, *args, **kwargs):
-        status_filter = request.query_params.get("status")
-        if status_filter and status_filter not in Thread.Status.values:
-            raise InvalidRequest(
-                f"status must be one of {', '.join(Thread.Status.values)}",
-                field="status",
-            )
         return super().get(request, *args, **kwargs)
-
-    def filter_queryset(self, queryset):
-        status_filter = self.request.query_params.get("status")
-        if status_filter:
-            queryset = queryset.filter(status=status_filter)
-        return queryset
 
     @extend_schema(
         request=ThreadCreateSerializer,
         responses={201: ThreadSerializer},
         summary="Create a thread",
     )
-    @idempotent
     def post(self, request):
         body = validated(ThreadCreateSerializer, request)
         thread = services.thread_create(
@@ -198,7 +178,6 @@ class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
         responses={202: RunQueuedSerializer, 403: FORBIDDEN, 409: GATE_CONFLICT},
         summary="Start a run (from a checkpoint: time_travel scope)",
     )
-    @idempotent
     def post(self, request, thread_id):
         thread = self.get_thread()
         body = validated(RunCreateSerializer, request)
@@ -234,7 +213,6 @@ class ResumeView(TenantThreadMixin, APIView):
         "approval request, and a raw resume of it answers 409 "
         "`approval_required` naming the requests.",
     )
-    @idempotent
     def post(self, request, thread_id):
         thread = self.get_thread()
         body = validated(ResumeSerializer, request)

@@ -1,5 +1,5 @@
 """Use cases of the runs app that change state, each in one transaction with its
-audit event. Thread and run use cases join these as the runs work lands."""
+audit event: tenants, API keys, memberships and reviewers."""
 
 from __future__ import annotations
 

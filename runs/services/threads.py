@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 import uuid
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils.crypto import salted_hmac
 from langgraph.errors import InvalidUpdateError
 
 from audit import events
@@ -26,9 +25,14 @@ SUBJECT_KEY = "subject"
 
 
 def subject_hash(subject: str) -> str:
-    """The blind index of a data subject: HMAC-SHA256 under the secret key."""
-    key = hashlib.sha256(("gatehouse-subject:" + settings.SECRET_KEY).encode()).digest()
-    return hmac.new(key, subject.strip().lower().encode(), hashlib.sha256).hexdigest()
+    """The blind index of a data subject: HMAC-SHA256 under a key derived from
+    SECRET_KEY (Django's salted_hmac); the subject itself is never stored."""
+    return salted_hmac(
+        "gatehouse-subject:",
+        subject.strip().lower(),
+        secret=settings.SECRET_KEY,
+        algorithm="sha256",
+    ).hexdigest()
 
 
 def _split_metadata(

@@ -78,3 +78,25 @@ def test_marker_in_arguments_leaves_no_trace_in_any_audit_row():
             assert dumped, table
             assert MARKER not in dumped
             assert "A-1001" in dumped or table == "audit_auditblock"
+
+
+def test_digests_and_subject_indexes_keep_the_values_already_stored():
+    """Both keys are derived with Django's salted_hmac now; the derivation is
+    the one the stored digests and blind indexes were made with, so lookups
+    of existing rows still match."""
+    import hashlib
+    import hmac
+
+    from django.conf import settings
+
+    from runs.services.threads import subject_hash
+
+    def stored_form(salt: bytes, secret: str, message: str) -> str:
+        key = hashlib.sha256(salt + secret.encode()).digest()
+        return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+
+    assert subject_hash(" Jane.Doe@Example.com ") == stored_form(
+        b"gatehouse-subject:", settings.SECRET_KEY, "jane.doe@example.com"
+    )
+    expected = stored_form(b"gatehouse.audit.digest\x00", settings.SECRET_KEY, '"x"')
+    assert digest("x") == "hmac-sha256:" + expected[:16]

@@ -285,3 +285,33 @@ def test_tenant_admin_cannot_decide_approvals_over_the_api():
     client = api_client()
     client.force_login(membership.user)
     assert_error(client.get("/api/v1/approvals"), 403, "permission_denied")
+
+
+def test_every_unsafe_api_endpoint_honours_idempotency_keys_or_says_why_not():
+    from django.urls import URLPattern, get_resolver
+
+    from runs.api.idempotency import UNSAFE_METHODS
+
+    def views(patterns, prefix=""):
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern)
+            if isinstance(pattern, URLPattern):
+                if hasattr(pattern.callback, "cls") and route.startswith("api/"):
+                    yield route, pattern.callback.cls
+            else:
+                yield from views(pattern.url_patterns, route)
+
+    unsafe = {
+        (route, name): cls
+        for route, cls in views(get_resolver().url_patterns)
+        for name in UNSAFE_METHODS
+        if hasattr(cls, name)
+    }
+    assert ("api/v1/approvals/<uuid:approval_id>/decision", "post") in unsafe
+    neither = [
+        f"{name.upper()} {route}"
+        for (route, name), cls in unsafe.items()
+        if not getattr(getattr(cls, name), "idempotent", False)
+        and not getattr(cls, "idempotency_exempt", "")
+    ]
+    assert neither == []

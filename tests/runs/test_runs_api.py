@@ -245,12 +245,24 @@ def _open_request_for(tenant) -> ApprovalRequest:
     from audit.services import Actor
     from runs import services
 
-    thread = services.thread_create(tenant=tenant, agent="gate", actor=Actor.system("t"))
+    thread = services.thread_create(
+        tenant=tenant, agent="gate", actor=Actor.system("t")
+    )
     Thread.objects.filter(pk=thread.pk).update(agent_version="1", status="interrupted")
-    run = Run.objects.create(tenant=tenant, thread=thread, kind="start",
-                             agent_version="1", status="interrupted")
-    payload = {"action": "do_it", "args": {"x": 1}, "reason": "r", "affects": "a",
-               "if_denied": "d"}
+    run = Run.objects.create(
+        tenant=tenant,
+        thread=thread,
+        kind="start",
+        agent_version="1",
+        status="interrupted",
+    )
+    payload = {
+        "action": "do_it",
+        "args": {"x": 1},
+        "reason": "r",
+        "affects": "a",
+        "if_denied": "d",
+    }
     (request,) = approval_requests_open(
         run=run, interrupts=[Interrupt(value=payload, id="interrupt-1")]
     )
@@ -263,8 +275,9 @@ def test_another_tenants_approval_is_404_and_undecided():
     request = _open_request_for(tenant_a)
     assert client_a.get(f"/api/v1/approvals/{request.id}").status_code == 200
     assert_error(client_b.get(f"/api/v1/approvals/{request.id}"), 404, "not_found")
-    response = client_b.post(f"/api/v1/approvals/{request.id}/decision",
-                             {"approved": True}, format="json")
+    response = client_b.post(
+        f"/api/v1/approvals/{request.id}/decision", {"approved": True}, format="json"
+    )
     assert_error(response, 404, "not_found")
     assert client_b.get("/api/v1/approvals").json()["results"] == []
     request.refresh_from_db()
@@ -274,19 +287,24 @@ def test_another_tenants_approval_is_404_and_undecided():
 def test_deny_without_note_is_rejected():
     tenant, client = tenant_with_client()
     request = _open_request_for(tenant)
-    response = client.post(f"/api/v1/approvals/{request.id}/decision",
-                           {"approved": False}, format="json")
+    response = client.post(
+        f"/api/v1/approvals/{request.id}/decision", {"approved": False}, format="json"
+    )
     body = assert_error(response, 400, "invalid")
     assert "note" in body["fields"]
     request.refresh_from_db()
     assert request.status == "pending"
 
 
-@pytest.mark.parametrize("body", [{}, {"approved": "maybe"}, {"approved": True, "args": []}])
+@pytest.mark.parametrize(
+    "body", [{}, {"approved": "maybe"}, {"approved": True, "args": []}]
+)
 def test_malformed_decision_is_400(body):
     tenant, client = tenant_with_client()
     request = _open_request_for(tenant)
-    response = client.post(f"/api/v1/approvals/{request.id}/decision", body, format="json")
+    response = client.post(
+        f"/api/v1/approvals/{request.id}/decision", body, format="json"
+    )
     assert_error(response, 400, "invalid")
 
 
@@ -299,7 +317,9 @@ def test_approval_list_filters_are_validated():
 def test_approval_payload_is_ciphertext_at_rest():
     tenant, _ = tenant_with_client()
     request = _open_request_for(tenant)
-    raw = bytes(ApprovalRequest.objects.values_list("payload", flat=True).get(pk=request.pk))
+    raw = bytes(
+        ApprovalRequest.objects.values_list("payload", flat=True).get(pk=request.pk)
+    )
     assert b"do_it" not in raw and b"affects" not in raw
 
 
@@ -307,21 +327,48 @@ def test_idempotent_run_start_returns_the_same_run():
     _, client = tenant_with_client()
     client.post("/api/v1/threads", {"thread_id": "t1", "agent": "echo"}, format="json")
     body = {"input": {"text": "hi"}}
-    first = client.post("/api/v1/threads/t1/runs", body, format="json",
-                        HTTP_IDEMPOTENCY_KEY="start-t1")
-    again = client.post("/api/v1/threads/t1/runs", body, format="json",
-                        HTTP_IDEMPOTENCY_KEY="start-t1")
+    first = client.post(
+        "/api/v1/threads/t1/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="start-t1"
+    )
+    again = client.post(
+        "/api/v1/threads/t1/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="start-t1"
+    )
     assert first.status_code == again.status_code == 202
     assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
     assert Run.objects.filter(thread__thread_id="t1").count() == 1
 
 
+def test_a_retried_decision_with_its_key_replays_the_first_answer():
+    tenant, client = tenant_with_client()
+    request = _open_request_for(tenant)
+    url = f"/api/v1/approvals/{request.id}/decision"
+    body = {"approved": True, "note": "checked"}
+
+    first = client.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="decide-1")
+    again = client.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="decide-1")
+
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
+    assert request.decisions.count() == 1
+
+
 def test_approvals_of_a_deleted_thread_answer_404():
     tenant, client = tenant_with_client()
     request = _open_request_for(tenant)
-    assert client.delete(f"/api/v1/threads/{request.thread.thread_id}").status_code == 202
+    assert (
+        client.delete(f"/api/v1/threads/{request.thread.thread_id}").status_code == 202
+    )
     assert_error(client.get(f"/api/v1/approvals/{request.id}"), 404, "not_found")
-    response = client.post(f"/api/v1/approvals/{request.id}/decision",
-                           {"approved": True}, format="json")
+    response = client.post(
+        f"/api/v1/approvals/{request.id}/decision", {"approved": True}, format="json"
+    )
     assert_error(response, 404, "not_found")
     assert client.get("/api/v1/approvals").json()["results"] == []
+
+
+def test_a_bad_list_filter_names_the_parameter_and_the_values_allowed():
+    _, client = tenant_with_client()
+    body = assert_error(client.get("/api/v1/threads?status=asleep"), 400, "invalid")
+    assert body["fields"] == {
+        "status": ["must be one of idle, running, interrupted, error"]
+    }
