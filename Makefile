@@ -18,8 +18,9 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 	touch $@
 
 # The embedded mode: migrate, demo users and key, web server, worker and beat.
+# Another address: make run ARGS="--bind 127.0.0.1:8001".
 run: $(VENV)/.runtime
-	$(PY) manage.py run_embedded
+	$(PY) manage.py run_embedded $(ARGS)
 
 test: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest
