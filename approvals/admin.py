@@ -24,6 +24,7 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from approvals import dashboard, desk
+from approvals.edits import InvalidArgs
 from approvals.forms import AssignForm, DecisionForm, EditedArgsForm
 from approvals.models import PENDING_FIRST, ApprovalRequest
 from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, tenant_ids_for
@@ -282,22 +283,26 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             initial = {"opening": opening.pk}
             decision_form = decision_form or DecisionForm(initial=initial)
             edit_form = edit_form or EditedArgsForm(
-                original=card["args"], initial=initial
+                original=card["args"],
+                editable=card.get("editable", []),
+                initial=initial,
             )
         managing = approval.is_pending and desk.can_manage_queue(
             user, approval.tenant_id
         )
-        already_approved = any(
-            decision["approved"] and decision["reviewer"] == user.get_username()
-            for decision in card["decisions"]
-        )
+        already_approved = f"user:{user.pk}" in card.get("approved_by", [])
+        edits = {edit["arg"]: edit for edit in card.get("edits", [])}
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": f"{card['action']} on {card['thread_id']}",
             "approval": approval,
             "card": card,
-            "args_rows": [(key, desk.value_text(v)) for key, v in card["args"].items()],
+            "args_rows": [
+                (key, desk.value_text(value), edits.get(key))
+                for key, value in card["args"].items()
+            ],
+            "can_edit": bool(card.get("editable")),
             "opening": opening,
             "card_hash": desk.card_hash(card),
             "deciding": deciding,
@@ -306,7 +311,8 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             "error": error,
             "already_approved": already_approved,
             "first_approver": next(
-                (d for d in card["decisions"] if d["approved"]), None
+                (d for d in card["decisions"] if d.get("counts", d["approved"])),
+                None,
             ),
             "managing": managing,
             "assign_form": (
@@ -364,7 +370,9 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             return self._render_unreadable(request, approval, exc)
         editing = request.POST.get("form") == "edit"
         if editing:
-            form = EditedArgsForm(request.POST, original=card["args"])
+            form = EditedArgsForm(
+                request.POST, original=card["args"], editable=card.get("editable", [])
+            )
             forms = {"edit_form": form}
         else:
             form = DecisionForm(request.POST)
@@ -381,6 +389,11 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
                 approved=True if editing else form.approved,
                 note=form.cleaned_data["note"],
                 args=form.cleaned_data["args"] if editing else None,
+            )
+        except InvalidArgs as exc:
+            form.add_args_errors(exc.errors)
+            return self._render_card(
+                request, approval, card, opening, status=400, **forms
             )
         except (InvalidRequest, StateConflict) as exc:
             status = 409 if isinstance(exc, StateConflict) else 400
@@ -403,11 +416,10 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             return f"Approved.{resumed}"
         if approval.status == ApprovalRequest.Status.DENIED:
             return f"Denied.{resumed}"
-        approvals = approval.decisions.filter(approved=True).count()
         return (
-            f"Your approval is recorded ({approvals} of "
-            f"{approval.required_approvals}): a second, different reviewer must "
-            "approve before the run resumes."
+            f"Your approval is recorded. This {approval.risk}-risk request needs "
+            f"{approval.required_approvals} approvals from different people: a "
+            "second, different reviewer must approve before the run resumes."
         )
 
     def reassign_view(self, request, object_id):

@@ -13,7 +13,16 @@ import statistics
 from typing import Any
 
 from django.db import connection
-from django.db.models import Aggregate, Count, DurationField, F, Min, Q, QuerySet
+from django.db.models import (
+    Aggregate,
+    Count,
+    DurationField,
+    F,
+    Max,
+    Min,
+    Q,
+    QuerySet,
+)
 from django.utils import timezone
 
 from approvals.desk import duration_text
@@ -109,19 +118,14 @@ def oldest_waiting(
     return rows
 
 
-def _medians_in_python(decisions: QuerySet) -> dict[tuple, datetime.timedelta]:
-    """The median per reviewer where the database has no PERCENTILE_CONT."""
-    spans: dict[tuple, list[float]] = {}
+def _medians_in_python(decisions: QuerySet) -> dict[str, datetime.timedelta]:
+    """The median per principal where the database has no PERCENTILE_CONT."""
+    spans: dict[str, list[float]] = {}
     rows = DecisionSnapshot.objects.filter(decision__in=decisions).values_list(
-        "decision__reviewer_label",
-        "decision__reviewer_user_id",
-        "decision__created_at",
-        "first_opened_at",
+        "decision__principal", "decision__created_at", "first_opened_at"
     )
-    for label, user_id, decided, opened in rows:
-        spans.setdefault((label, user_id), []).append(
-            (decided - opened).total_seconds()
-        )
+    for principal, decided, opened in rows:
+        spans.setdefault(principal, []).append((decided - opened).total_seconds())
     return {
         key: datetime.timedelta(seconds=statistics.median(values))
         for key, values in spans.items()
@@ -133,7 +137,11 @@ def reviewer_stats(
 ) -> list[dict[str, Any]]:
     """Per reviewer over the last `days` days: decisions, approval rate, edits,
     and the median time from first opening the request to deciding (for the
-    decisions taken on the desk; REST decisions have no opening)."""
+    decisions taken on the desk; REST decisions have no opening).
+
+    A reviewer is an authenticated principal (Decision.principal): a person,
+    whether they decided in a session or through their personal key, or a
+    service key, whatever names it sent."""
     now = now or timezone.now()
     decisions = _scoped(
         Decision.objects.filter(created_at__gte=now - datetime.timedelta(days)),
@@ -150,16 +158,14 @@ def reviewer_stats(
     if in_database:
         aggregates["median"] = Median(F("created_at") - F("snapshot__first_opened_at"))
     rows = list(
-        decisions.values("reviewer_label", "reviewer_user_id")
-        .annotate(**aggregates)
+        decisions.values("principal")
+        .annotate(reviewer_label=Max("reviewer_label"), **aggregates)
         .order_by("-decisions", "reviewer_label")
     )
     medians = {} if in_database else _medians_in_python(decisions)
     for row in rows:
         if not in_database:
-            row["median"] = medians.get(
-                (row["reviewer_label"], row["reviewer_user_id"])
-            )
+            row["median"] = medians.get(row["principal"])
         row["approval_rate"] = row["approved"] / row["decisions"]
         median = row["median"]
         row["median_text"] = duration_text(median) if median is not None else "—"

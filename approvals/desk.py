@@ -21,11 +21,15 @@ from django.db.models import Min
 from django.utils import timezone
 
 from approvals.desk_models import Assignment, DecisionSnapshot, RequestOpening
+from approvals.edits import action_of, args_diff, diff_text, value_text
 from approvals.models import ApprovalRequest, Decision
 from approvals.services import (
     Reviewer,
     approval_decide,
     approval_event,
+    approves,
+    counted_approvals,
+    current_args,
     decision_detail,
     payload_of,
 )
@@ -88,13 +92,6 @@ def time_text(moment: datetime.datetime | None) -> str:
     if moment is None:
         return ""
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def value_text(value: Any) -> str:
-    """An argument's value as shown: strings as they are, the rest as JSON."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def args_summary(args: dict[str, Any], limit: int = SUMMARY_CHARS) -> str:
@@ -197,10 +194,11 @@ def _thread_context(approval: ApprovalRequest, user) -> dict[str, Any]:
 def _decision_entry(decision: Decision, cipher: ThreadCipher) -> dict[str, Any]:
     detail = decision_detail(decision, cipher)
     return {
-        "reviewer": decision.reviewer_label,
+        "reviewer": decision.reviewer_shown,
+        "principal": decision.principal,
         "approved": decision.approved,
         "note": detail.get("note", ""),
-        "edited_args": jsonable(detail["args"]) if decision.args_edited else None,
+        "edits": diff_text(jsonable(detail.get("edits") or [])),
         "at": time_text(decision.created_at),
     }
 
@@ -219,7 +217,14 @@ def card_fields(
     thread = approval.thread
     cipher = ThreadCipher.for_thread(thread)
     payload = payload_of(approval, cipher)
-    here = [_decision_entry(d, cipher) for d in approval.decisions.all()]
+    decisions = list(approval.decisions.all())
+    args = current_args(payload["args"], decisions, cipher)
+    counted = counted_approvals(decisions, args, payload["args"])
+    here = [
+        {**_decision_entry(d, cipher), "counts": approves(d, args, payload["args"])}
+        for d in decisions
+    ]
+    action = action_of(thread, approval.action)
     earlier = (
         Decision.objects.filter(request__thread=thread)
         .exclude(request=approval)
@@ -241,14 +246,26 @@ def card_fields(
         "agent": f"{thread.agent_name}@{thread.agent_version}",
         "status": approval.status,
         "action": payload["action"],
-        "args": jsonable(payload["args"]),
+        # What an approval approves now; "edits" says how it differs from
+        # what the agent asked (old -> new).
+        "args": jsonable(args),
+        "edits": [
+            {
+                "arg": edit["arg"],
+                "old": value_text(edit["old"]),
+                "new": value_text(edit["new"]),
+            }
+            for edit in jsonable(args_diff(payload["args"], args))
+        ],
+        "editable": sorted(action.editable) if action and action.args else [],
         "reason": payload["reason"],
         "affects": payload["affects"],
         "if_denied": payload["if_denied"],
         "risk": approval.risk,
         "gate": approval.gate,
         "required_approvals": approval.required_approvals,
-        "approvals_so_far": sum(1 for d in here if d["approved"]),
+        "approvals_so_far": len(counted),
+        "approved_by": sorted(counted),
         "decisions": here,
         "created_at": time_text(approval.created_at),
         "waited": duration_text(now - approval.created_at),
@@ -371,7 +388,7 @@ def desk_decide(
         note=note,
         args=args,
     )
-    decision = approval.decisions.get(reviewer_user=user)
+    decision = approval.decisions.filter(reviewer_user=user).latest("created_at")
     cipher = ThreadCipher.for_thread(approval.thread)
     card = opening_card(opening, cipher)
     first_opened = RequestOpening.objects.filter(request=approval, user=user).aggregate(

@@ -236,6 +236,7 @@ def approval_expire(
         "reviewer": SYSTEM_REVIEWER,
         "approval_id": str(approval.pk),
         "args": payload["args"],
+        "edits": [],
     }
     try:
         with transaction.atomic():

@@ -8,6 +8,8 @@ from django import forms
 
 NOTE_MAX = 2000
 DENY_NEEDS_NOTE = "A denial needs a note that says why: the agent tells the customer."
+EDIT_NEEDS_NOTE = "An edit needs a note that says why the arguments changed."
+NOT_EDITABLE = "Not editable: the agent declares this argument fixed."
 
 
 class DecisionForm(forms.Form):
@@ -58,17 +60,19 @@ def _field_for(value: Any, label: str) -> forms.Field:
 class EditedArgsForm(forms.Form):
     """The action's arguments, prefilled, to approve a changed version of it
     (a smaller refund, say). Keys are fixed: an edit changes values, it does
-    not make another action."""
+    not make another action. Arguments the agent does not declare editable are
+    read-only; the service refuses a changed one whatever the page sent, and
+    its errors are shown on the argument's field (`add_args_errors`)."""
 
     note = forms.CharField(
         required=False,
         max_length=NOTE_MAX,
         widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
-        help_text="Why the arguments were changed.",
+        help_text="Required: why the arguments were changed.",
     )
     opening = forms.UUIDField(widget=forms.HiddenInput)
 
-    def __init__(self, *args, original: dict[str, Any], **kwargs):
+    def __init__(self, *args, original: dict[str, Any], editable: list[str], **kwargs):
         self.original = original
         self.arg_names = {}
         initial = dict(kwargs.pop("initial", None) or {})
@@ -78,14 +82,26 @@ class EditedArgsForm(forms.Form):
             initial.setdefault(name, value)
         super().__init__(*args, initial=initial, **kwargs)
         for name, key in self.arg_names.items():
-            self.fields[name] = _field_for(original[key], key)
+            field = _field_for(original[key], key)
+            if key not in editable:
+                field.widget.attrs["readonly"] = True
+                field.help_text = NOT_EDITABLE
+            self.fields[name] = field
 
     def arg_fields(self):
         return [self[name] for name in self.arg_names]
 
+    def add_args_errors(self, errors: dict[str, str]) -> None:
+        """The service's refusal of the edit, on the arguments it names."""
+        fields = {key: name for name, key in self.arg_names.items()}
+        for key, message in errors.items():
+            self.add_error(fields.get(key), f"{key}: {message}" if key else message)
+
     def clean(self):
         data = super().clean()
-        if self.errors:
+        if not (data.get("note") or "").strip():
+            self.add_error("note", EDIT_NEEDS_NOTE)
+        if any(name in self.errors for name in self.arg_names):
             return data
         edited = {key: data.get(name) for name, key in self.arg_names.items()}
         if edited == self.original:

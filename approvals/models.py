@@ -140,7 +140,10 @@ class Decision(models.Model):
         ApprovalRequest, on_delete=models.CASCADE, related_name="decisions"
     )
     approved = models.BooleanField()
-    # Who decided: a user, or an API key on behalf of a named reviewer.
+    # Who decided: the authenticated principal, "user:<pk>" (a session or the
+    # user's personal key) or "key:<prefix>" (a service key). Approvals are
+    # counted by principal, all service keys together counting as one.
+    principal = models.CharField(max_length=64)
     reviewer_user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -148,11 +151,19 @@ class Decision(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
     )
+    # The key decided through: a service key, or the user's personal key.
     reviewer_key_prefix = models.CharField(max_length=16, blank=True)
+    # The principal as shown: a username, or "key <prefix>".
     reviewer_label = models.CharField(max_length=200)
-    # Ciphertext: {"note": str, "args": dict|None} bound to this decision.
+    # What a service key said it was deciding for: unverified, never a person.
+    claimed_label = models.CharField(max_length=150, blank=True)
+    # Ciphertext: {"note", "args" (the edit, or None), "edits"} bound to this
+    # decision.
     detail = models.BinaryField(editable=False)
     args_edited = models.BooleanField(default=False)
+    # Keyed digest (audit.redaction.digest) of the arguments approved: an
+    # approval counts only for the arguments that will be executed.
+    args_digest = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     # Cleared when the thread is removed (runs.storage.content_clear).
@@ -168,3 +179,10 @@ class Decision(models.Model):
     def __str__(self) -> str:
         verdict = "approved" if self.approved else "denied"
         return f"{verdict} by {self.reviewer_label}"
+
+    @property
+    def reviewer_shown(self) -> str:
+        """The reviewer as a person reads it, the unverified label marked so."""
+        if self.claimed_label:
+            return f"{self.reviewer_label} (unverified label “{self.claimed_label}”)"
+        return self.reviewer_label

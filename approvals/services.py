@@ -12,11 +12,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals import payload as payload_contract
+from approvals.edits import action_of, args_diff, audit_diff_text, validated_edit
 from approvals.models import ApprovalRequest, Decision, Risk
 from audit import events
-from audit.redaction import describe
+from audit.redaction import describe, digest
 from audit.services import Actor, record
 from runs import registry
+from runs.actions import ArgsInvalid
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.gates import is_gate
@@ -24,36 +26,71 @@ from runs.models import Run
 from runs.services import run_resume
 from runs.signals import InterruptRejected
 
+# Every service key together counts as at most one approval: none of them is
+# a person, and a program holding two keys is still one program.
+SERVICE_KEYS = "service keys"
+REQUIRED_APPROVALS = {Risk.LOW: 1, Risk.MEDIUM: 1, Risk.HIGH: 2}
+
 
 @dataclass(frozen=True)
 class Reviewer:
-    """Who decides: a person, or an API key acting for a named person."""
+    """Who decides: an authenticated principal.
 
-    identity: str  # distinct per person: two decisions need two identities
+    A person, through a session or their personal key, is `user:<pk>`; a
+    service key is `key:<prefix>`, and the name it sends in `reviewer` is
+    kept as its unverified `claimed_label`, never as a person.
+    """
+
+    principal: str
     label: str
     actor: Actor
     user: Any = None
     key_prefix: str = ""
+    claimed_label: str = ""
 
     @classmethod
-    def for_user(cls, user) -> Reviewer:
+    def for_user(cls, user, via_key=None) -> Reviewer:
         return cls(
-            identity=f"user:{user.pk}",
+            principal=f"user:{user.pk}",
             label=user.get_username(),
-            actor=Actor.user(user),
+            actor=Actor.user(user, via_key=via_key),
             user=user,
+            key_prefix=via_key.prefix if via_key is not None else "",
         )
 
     @classmethod
-    def for_api_key(cls, api_key, on_behalf_of: str = "") -> Reviewer:
-        on_behalf_of = on_behalf_of.strip()
-        label = on_behalf_of or f"key {api_key.prefix}"
+    def for_service_key(cls, api_key, claimed_label: str = "") -> Reviewer:
+        claimed = claimed_label.strip()[:150]
         return cls(
-            identity=f"key:{api_key.prefix}:{on_behalf_of.lower()}",
-            label=label[:200],
-            actor=Actor.api_key(api_key, on_behalf_of=on_behalf_of),
+            principal=f"key:{api_key.prefix}",
+            label=f"key {api_key.prefix}",
+            actor=Actor.api_key(api_key, on_behalf_of=claimed),
             key_prefix=api_key.prefix,
+            claimed_label=claimed,
         )
+
+    @classmethod
+    def for_principal(cls, principal, claimed_label: str = "") -> Reviewer:
+        """The reviewer of an API request (runs.access.Principal): its person,
+        or its service key."""
+        if principal.user is None:
+            return cls.for_service_key(principal.api_key, claimed_label)
+        return cls.for_user(principal.user, via_key=principal.api_key)
+
+    @property
+    def counted_as(self) -> str:
+        return counted_as(self.principal)
+
+    @property
+    def shown(self) -> str:
+        if self.claimed_label:
+            return f"{self.label} (unverified label “{self.claimed_label}”)"
+        return self.label
+
+
+def counted_as(principal: str) -> str:
+    """Whom an approval counts for: a person, or all service keys as one."""
+    return principal if principal.startswith("user:") else SERVICE_KEYS
 
 
 def approval_event(
@@ -138,6 +175,29 @@ def _safe_args(thread) -> frozenset[str]:
         return frozenset()
 
 
+def higher_risk(*risks: str) -> str:
+    return max(risks, key=Risk.values.index)
+
+
+def _declared_risk(thread, interrupt, payload) -> str:
+    """The request's risk: the action's declared rule, never below the risk
+    the agent's payload states; InterruptRejected when the arguments break
+    the action's declared schema."""
+    action = action_of(thread, payload.action)
+    if action is None:
+        return payload.risk
+    try:
+        declared = action.risk_of(action.validated(payload.args))
+    except ArgsInvalid as exc:
+        raise InterruptRejected(
+            f"the arguments of {payload.action} break its declared schema: {exc}"
+        ) from None
+    if declared is None:
+        return payload.risk
+    stated = "risk" in interrupt.value
+    return higher_risk(payload.risk, declared) if stated else declared
+
+
 def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalRequest]:
     """One pending request per approval gate among a run's interrupts (input
     interrupts are the client's to answer); InterruptRejected if a gate's
@@ -145,14 +205,16 @@ def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalReques
     parsed = []
     for interrupt in filter(lambda interrupt: is_gate(interrupt.value), interrupts):
         try:
-            parsed.append((interrupt, payload_contract.parse(interrupt.value)))
+            payload = payload_contract.parse(interrupt.value)
         except payload_contract.InvalidPayload as exc:
             raise InterruptRejected(str(exc)) from None
+        risk = _declared_risk(run.thread, interrupt, payload)
+        parsed.append((interrupt, payload, risk))
     thread = run.thread
     cipher = ThreadCipher.for_thread(thread)
     safe_args = _safe_args(thread)
     opened = []
-    for interrupt, payload in parsed:
+    for interrupt, payload, risk in parsed:
         if ApprovalRequest.objects.filter(
             thread=thread, interrupt_id=interrupt.id
         ).exists():
@@ -163,10 +225,10 @@ def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalReques
             run=run,
             interrupt_id=interrupt.id,
             gate=payload.gate,
-            risk=payload.risk,
+            risk=risk,
             action=payload.action,
-            required_approvals=2 if payload.risk == Risk.HIGH else 1,
-            due_at=timezone.now() + _due_in(payload.risk, thread.tenant),
+            required_approvals=REQUIRED_APPROVALS[risk],
+            due_at=timezone.now() + _due_in(risk, thread.tenant),
         )
         request.payload = cipher.encrypt_value(
             payload.as_dict(), row=_payload_row(request)
@@ -176,12 +238,74 @@ def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalReques
             approval=request,
             kind=events.APPROVAL_REQUESTED,
             actor=Actor.agent(thread.agent_name),
-            risk=payload.risk,
+            risk=risk,
             gate=payload.gate,
             args=describe(payload.args, safe_keys=safe_args),
         )
         opened.append(request)
     return opened
+
+
+def current_args(
+    original: dict[str, Any], decisions: list[Decision], cipher: ThreadCipher
+) -> dict[str, Any]:
+    """The arguments a request asks approval for now: the latest approved
+    edit, or the agent's."""
+    for decision in reversed(decisions):
+        if decision.approved and decision.args_edited:
+            return decision_detail(decision, cipher)["args"]
+    return original
+
+
+def approves(
+    decision: Decision, args: dict[str, Any], original: dict[str, Any]
+) -> bool:
+    """Whether the decision approved exactly `args` (decisions from before
+    digests were kept approved the agent's arguments)."""
+    return decision.approved and (decision.args_digest or digest(original)) == digest(
+        args
+    )
+
+
+def counted_approvals(
+    decisions: list[Decision], approved_args: dict[str, Any], original: dict[str, Any]
+) -> set[str]:
+    """Whom the approvals of `approved_args` count for (see counted_as):
+    approvals of other arguments (before an edit) do not count."""
+    return {
+        counted_as(decision.principal)
+        for decision in decisions
+        if approves(decision, approved_args, original)
+    }
+
+
+def _raise_risk(request: ApprovalRequest, action, edited: dict[str, Any]) -> bool:
+    """Recompute the risk from edited arguments; it and the approvals needed
+    may rise, never fall. Whether they rose."""
+    declared = action.risk_of(edited)
+    if declared is None:
+        return False
+    risk = higher_risk(request.risk, declared)
+    required = max(request.required_approvals, REQUIRED_APPROVALS[risk])
+    if (risk, required) == (request.risk, request.required_approvals):
+        return False
+    request.risk, request.required_approvals = risk, required
+    request.save(update_fields=["risk", "required_approvals"])
+    return True
+
+
+def _same_reviewer(reviewer: Reviewer) -> StateConflict:
+    if reviewer.user is None:
+        message = (
+            "a service key already approved these arguments; service keys count as "
+            "one approval whatever label they send: the next one must come from a "
+            "person (a session or a personal key)"
+        )
+    else:
+        message = (
+            "you already approved this request; a second, different reviewer is needed"
+        )
+    return StateConflict(message, code="same_reviewer")
 
 
 @transaction.atomic
@@ -196,7 +320,10 @@ def approval_decide(
     """Record one decision; the one that settles the request resumes the run.
 
     Exactly one outcome: the request row is locked, so of concurrent deciders
-    one wins and the others get a 409.
+    one wins and the others get a 409. An approval counts for the arguments
+    it approved, once per person (all service keys together count once); an
+    edit is validated against the action's declaration, needs a note, and
+    may raise the risk and the approvals needed (approvals.edits).
     """
     note = (note or "").strip()
     if not approved and not note:
@@ -212,42 +339,60 @@ def approval_decide(
         raise StateConflict(
             f"this request is already {request.status}", code="already_decided"
         )
-    earlier = list(request.decisions.all())
-    if any(_identity_of(decision) == reviewer.identity for decision in earlier):
-        raise StateConflict(
-            "you already approved this request; a second, different reviewer is needed",
-            code="same_reviewer",
-        )
     cipher = ThreadCipher.for_thread(request.thread)
-    original = payload_of(request, cipher)
+    original = payload_of(request, cipher)["args"]
+    earlier = list(request.decisions.all())
+    current = current_args(original, earlier, cipher)
+    action = action_of(request.thread, request.action)
+    edit = validated_edit(action, current, args) if args is not None else None
+    if edit is not None and not note:
+        raise InvalidRequest(
+            "an edit of the arguments needs a note that says why", field="note"
+        )
+    approved_args = edit if edit is not None else current
+    counted = counted_approvals(earlier, approved_args, original)
+    if approved and reviewer.counted_as in counted:
+        raise _same_reviewer(reviewer)
+    edits = args_diff(current, edit) if edit is not None else []
+    risk_rose = _raise_risk(request, action, edit) if edit is not None else False
     decision = Decision(
         request=request,
         approved=approved,
+        principal=reviewer.principal,
         reviewer_user=reviewer.user,
         reviewer_key_prefix=reviewer.key_prefix,
         reviewer_label=reviewer.label,
-        args_edited=args is not None and args != original["args"],
+        claimed_label=reviewer.claimed_label,
+        args_edited=edit is not None,
+        args_digest=digest(approved_args) if approved else "",
     )
     decision.detail = cipher.encrypt_value(
-        {"note": note, "args": args, "identity": reviewer.identity},
-        row=_decision_row(decision),
+        {"note": note, "args": edit, "edits": edits}, row=_decision_row(decision)
     )
     decision.save()
 
-    approvals = sum(1 for d in earlier if d.approved) + (1 if approved else 0)
+    approvals = len(counted | {reviewer.counted_as}) if approved else 0
     settled = (not approved) or approvals >= request.required_approvals
     verdict = "approved" if approved else "denied"
     if approved and not settled:
         verdict = f"approved ({approvals} of {request.required_approvals})"
     safe_args = _safe_args(request.thread)
+    edit_text = ""
+    if edits:
+        edit_text = "; edited " + audit_diff_text(edits, safe_args, limit=150)
+        if risk_rose:
+            edit_text += f" (now {request.risk} risk)"
     approval_event(
         approval=request,
         kind=events.APPROVAL_DECIDED,
         actor=reviewer.actor,
         verdict=verdict,
-        reviewer=reviewer.label,
+        reviewer=reviewer.shown[:200],
+        edit=edit_text[:200],
         args_edited=decision.args_edited,
-        **({"edited_args": describe(args, safe_keys=safe_args)} if args else {}),
+        risk=request.risk,
+        required_approvals=request.required_approvals,
+        **({"edited_args": describe(edit, safe_keys=safe_args)} if edits else {}),
     )
     if not settled:
         return request, None
@@ -255,9 +400,10 @@ def approval_decide(
     resume_value = {
         "approved": approved,
         "note": note,
-        "reviewer": reviewer.label,
+        "reviewer": reviewer.shown,
         "approval_id": str(request.id),
-        "args": args if args is not None else original["args"],
+        "args": approved_args if approved else current,
+        "edits": args_diff(original, approved_args) if approved else [],
     }
     approval_settle(
         approval=request,
@@ -271,10 +417,3 @@ def approval_decide(
         behind_active_run=True,
     )
     return request, run
-
-
-def _identity_of(decision: Decision) -> str:
-    if decision.reviewer_user_id:
-        return f"user:{decision.reviewer_user_id}"
-    cipher = ThreadCipher.for_thread(decision.request.thread)
-    return decision_detail(decision, cipher)["identity"]

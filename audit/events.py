@@ -79,7 +79,8 @@ MEMBERSHIP_CREATED = _declare("membership.created", "{username} joined as {role}
 MEMBERSHIP_CHANGED = _declare("membership.changed", "{username} is now {role}")
 MEMBERSHIP_REMOVED = _declare("membership.removed", "{username} ({role}) removed")
 API_KEY_CREATED = _declare(
-    "api_key.created", "API key {prefix} '{name}' created with scopes {scopes}"
+    "api_key.created",
+    "{key_kind} API key {prefix} '{name}' created with scopes {scopes}",
 )
 API_KEY_REVOKED = _declare("api_key.revoked", "API key {prefix} '{name}' revoked")
 
@@ -132,7 +133,9 @@ TOOL_CALL_SUCCEEDED = _declare("tool_call.succeeded", "{tool} succeeded (key {ke
 APPROVAL_REQUESTED = _declare(
     "approval.requested", "approval requested for {action} (risk {risk})"
 )
-APPROVAL_DECIDED = _declare("approval.decided", "{action} {verdict} by {reviewer}")
+APPROVAL_DECIDED = _declare(
+    "approval.decided", "{action} {verdict} by {reviewer}{edit}"
+)
 APPROVAL_READ = _declare(
     "approval.read", "{action} request read with its payload", timeline=False
 )

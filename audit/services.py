@@ -30,8 +30,9 @@ from runs.models import Tenant
 class Actor:
     """Who did something, with a label that still reads after they are gone.
 
-    `on_behalf_of` names the person an API key acted for (a reviewer deciding
-    through a chat bot); it is also part of the label, for reading.
+    `on_behalf_of` is what a service key said it acted for (a chat bot naming
+    a reviewer): unverified, so it is labelled as such, never as a person.
+    A person using their personal key is a user actor, "via key <prefix>".
     """
 
     type: str
@@ -44,14 +45,17 @@ class Actor:
         return cls(type=ActorType.SYSTEM, id="", label=label)
 
     @classmethod
-    def user(cls, user: Any) -> Actor:
-        return cls(type=ActorType.USER, id=str(user.pk), label=user.get_username())
+    def user(cls, user: Any, via_key: Any = None) -> Actor:
+        label = user.get_username()
+        if via_key is not None:
+            label += f" via key {via_key.prefix}"
+        return cls(type=ActorType.USER, id=str(user.pk), label=label[:200])
 
     @classmethod
     def api_key(cls, api_key: Any, on_behalf_of: str = "") -> Actor:
         label = f"key {api_key.prefix} ({api_key.name})"
         if on_behalf_of:
-            label += f" for {on_behalf_of}"
+            label += f", unverified label {on_behalf_of}"
         return cls(
             type=ActorType.API_KEY,
             id=str(api_key.pk),

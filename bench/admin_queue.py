@@ -227,12 +227,13 @@ class Filler:
                         decision = Decision(
                             request=request,
                             approved=approved,
+                            principal=f"user:{reviewer.pk}",
                             reviewer_user=reviewer,
                             reviewer_label=reviewer.username,
                             created_at=decided_at,
                         )
                         decision.detail = cipher.encrypt_value(
-                            {"note": "", "args": None, "identity": ""},
+                            {"note": "", "args": None, "edits": []},
                             row=_decision_row(decision),
                         )
                         decisions.append(decision)

@@ -1,7 +1,9 @@
 """Who may do what: the scopes that API keys carry and that roles grant.
 
-A key carries scopes directly. A person acts through a membership, whose role
-grants scopes; some roles grant a scope for reading only.
+A service key carries scopes directly. A person acts through a membership,
+whose role grants scopes; some roles grant a scope for reading only. A
+personal key acts as its owner: its scopes, cut down to what the owner's role
+grants now.
 """
 
 from __future__ import annotations
@@ -36,7 +38,22 @@ class Principal:
 
     @classmethod
     def for_api_key(cls, api_key: ApiKey) -> Principal:
+        """The principal of an authenticated key; a personal key's owner must
+        still be a member (ApiKeyAuthentication refuses it otherwise)."""
         scopes = frozenset(api_key.scopes)
+        membership = api_key.owner_membership
+        if api_key.is_personal:
+            if membership is None:
+                raise ValueError(f"personal key {api_key.prefix} has no membership")
+            write, read_only = ROLE_SCOPES[membership.role]
+            return cls(
+                tenant=api_key.tenant,
+                write_scopes=scopes & write,
+                read_scopes=scopes & (write | read_only),
+                api_key=api_key,
+                membership=membership,
+                label=f"{membership.user.get_username()} (key {api_key.prefix})",
+            )
         return cls(
             tenant=api_key.tenant,
             write_scopes=scopes,
@@ -59,6 +76,12 @@ class Principal:
     @property
     def role(self) -> str | None:
         return self.membership.role if self.membership else None
+
+    @property
+    def user(self):
+        """The person acting (a session, or a personal key's owner), or None
+        for a service key."""
+        return self.membership.user if self.membership else None
 
     def can(self, scope: str, *, write: bool) -> bool:
         return scope in (self.write_scopes if write else self.read_scopes)

@@ -1,6 +1,10 @@
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST
 
 from audit.services import Actor
 from runs import services
@@ -73,9 +77,22 @@ class MembershipAdmin(TenantScopedAdmin):
             self.delete_model(request, membership)
 
 
+SCOPES_HELP = (
+    "time_travel allows forks and runs from a checkpoint; no other scope "
+    "implies it. Approvals decided with a service key count as one approval "
+    "at most, whatever reviewer name it sends: people decide with a session "
+    "or their own personal key."
+)
+
+
 class ApiKeyCreateForm(forms.ModelForm):
+    """A service key (a program's). Personal keys are made by their owners
+    (My personal API keys), so that nobody else ever holds their secret."""
+
     scopes = forms.MultipleChoiceField(
-        choices=Scope.choices, widget=forms.CheckboxSelectMultiple
+        choices=Scope.choices,
+        widget=forms.CheckboxSelectMultiple,
+        help_text=SCOPES_HELP,
     )
 
     class Meta:
@@ -83,22 +100,45 @@ class ApiKeyCreateForm(forms.ModelForm):
         fields = ["tenant", "name", "scopes"]
 
 
+class PersonalKeyForm(forms.Form):
+    """A personal key of one of the user's memberships."""
+
+    tenant = forms.ModelChoiceField(queryset=None)
+    name = forms.CharField(max_length=200)
+    scopes = forms.MultipleChoiceField(
+        choices=Scope.choices,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Within what your role grants in that tenant.",
+    )
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = Tenant.objects.filter(
+            memberships__user=user
+        ).order_by("slug")
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(TenantScopedAdmin):
     list_display = [
         "name",
         "prefix",
+        "kind",
+        "user",
         "tenant",
         "scopes",
         "created_at",
         "last_used_at",
         "revoked_at",
     ]
-    list_filter = ["tenant", ("revoked_at", admin.EmptyFieldListFilter)]
+    list_filter = ["kind", "tenant", ("revoked_at", admin.EmptyFieldListFilter)]
+    list_select_related = ["tenant", "user"]
     search_fields = ["name", "prefix"]
     readonly_fields = [
         "tenant",
         "prefix",
+        "kind",
+        "user",
         "scopes",
         "created_at",
         "last_used_at",
@@ -108,6 +148,8 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "tenant",
         "name",
         "prefix",
+        "kind",
+        "user",
         "scopes",
         "created_at",
         "last_used_at",
@@ -152,16 +194,74 @@ class ApiKeyAdmin(TenantScopedAdmin):
         secret = getattr(request, "_gatehouse_new_secret", None)
         if secret is None:
             return super().response_add(request, obj, post_url_continue)
+        return self._secret_page(request, obj, secret)
+
+    def _secret_page(self, request, api_key, secret):
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
-            "api_key": obj,
+            "api_key": api_key,
             "secret": secret,
             "title": "API key created",
         }
         response = TemplateResponse(request, "admin/runs/apikey/created.html", context)
         response["Cache-Control"] = "no-store"
         return response
+
+    # --- My personal API keys: every member makes and revokes their own ------------
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "personal/",
+                wrap(self.personal_keys_view),
+                name="runs_apikey_personal",
+            ),
+            path(
+                "personal/<int:key_id>/revoke/",
+                wrap(require_POST(self.personal_key_revoke_view)),
+                name="runs_apikey_personal_revoke",
+            ),
+        ] + super().get_urls()
+
+    def personal_keys_view(self, request):
+        if not has_role(request.user, ALL_ROLES):
+            raise PermissionDenied
+        form = PersonalKeyForm(request.POST or None, user=request.user)
+        if request.method == "POST" and form.is_valid():
+            try:
+                issued = services.api_key_create(
+                    tenant=form.cleaned_data["tenant"],
+                    name=form.cleaned_data["name"],
+                    scopes=form.cleaned_data["scopes"],
+                    actor=Actor.user(request.user),
+                    user=request.user,
+                )
+            except ValueError as exc:
+                form.add_error("scopes", str(exc))
+            else:
+                return self._secret_page(request, issued.api_key, issued.secret)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "My personal API keys",
+            "form": form,
+            "keys": ApiKey.objects.filter(
+                user=request.user, kind=ApiKey.Kind.PERSONAL
+            ).select_related("tenant"),
+        }
+        return TemplateResponse(request, "admin/runs/apikey/personal.html", context)
+
+    def personal_key_revoke_view(self, request, key_id):
+        api_key = ApiKey.objects.filter(
+            pk=key_id, user=request.user, kind=ApiKey.Kind.PERSONAL
+        ).first()
+        if api_key is None:
+            raise Http404("no such key of yours")
+        services.api_key_revoke(api_key=api_key, actor=Actor.user(request.user))
+        messages.success(request, f"Revoked {api_key.prefix}.")
+        return HttpResponseRedirect(reverse("admin:runs_apikey_personal"))
 
     @admin.action(description="Revoke the selected API keys")
     def revoke(self, request, queryset):
@@ -179,5 +279,6 @@ class ApiKeyAdmin(TenantScopedAdmin):
         if not has_role(request.user, self.manage_roles):
             actions.pop("revoke", None)
         return actions
+
 
 from runs import admin_threads  # noqa: E402,F401  threads and runs, read-only

@@ -24,14 +24,15 @@ def make_tenant(slug: str | None = None) -> Tenant:
 
 
 def make_api_key(
-    tenant: Tenant, scopes: list[str] | None = None, name: str = "test key"
+    tenant: Tenant, scopes: list[str] | None = None, name: str = "test key", user=None
 ):
-    """Returns (ApiKey, secret)."""
+    """Returns (ApiKey, secret); with `user`, a personal key of theirs."""
     issued = services.api_key_create(
         tenant=tenant,
         name=name,
         scopes=scopes or ALL_SCOPES,
         actor=Actor.system("tests"),
+        user=user,
     )
     return issued.api_key, issued.secret
 

@@ -12,11 +12,30 @@ class PayloadSerializer(serializers.Serializer):
     if_denied = serializers.CharField()
 
 
+class EditSerializer(serializers.Serializer):
+    arg = serializers.CharField()
+    old = serializers.JSONField()
+    new = serializers.JSONField()
+
+
 class DecisionSerializer(serializers.Serializer):
-    reviewer = serializers.CharField(source="reviewer_label")
+    reviewer = serializers.CharField(
+        help_text="The principal: a username, or `key <prefix>` for a service key."
+    )
+    unverified_label = serializers.CharField(
+        help_text="The name a service key sent as `reviewer`: never verified, "
+        "never counted as a person."
+    )
+    via_key = serializers.CharField(
+        help_text="The key the decision came through (a service key, or the "
+        "user's personal key); empty for a session."
+    )
     approved = serializers.BooleanField()
     note = serializers.CharField()
-    args = serializers.DictField(allow_null=True)
+    args = serializers.DictField(
+        allow_null=True, help_text="The edited arguments, when this decision edited."
+    )
+    edits = EditSerializer(many=True, help_text="What this decision changed.")
     created_at = serializers.DateTimeField()
 
 
@@ -24,6 +43,13 @@ class ApprovalSerializer(serializers.ModelSerializer):
     thread_id = serializers.CharField(source="thread.thread_id")
     run_id = serializers.UUIDField()
     payload = PayloadSerializer()
+    args = serializers.DictField(
+        help_text="The arguments an approval approves now: the payload's, or "
+        "the latest approved edit."
+    )
+    edits = EditSerializer(
+        many=True, help_text="How `args` differs from the payload's arguments."
+    )
     decisions = DecisionSerializer(many=True)
 
     class Meta:
@@ -37,6 +63,8 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "gate",
             "risk",
             "payload",
+            "args",
+            "edits",
             "required_approvals",
             "decisions",
             "created_at",
@@ -75,9 +103,19 @@ class DecideSerializer(serializers.Serializer):
         required=False, allow_blank=True, max_length=2000, default=""
     )
     reviewer = serializers.CharField(
-        required=False, allow_blank=True, max_length=150, default=""
+        required=False,
+        allow_blank=True,
+        max_length=150,
+        default="",
+        help_text="A service key's label for whom it decides: recorded as "
+        "unverified. Ignored for a session or a personal key.",
     )
-    args = serializers.DictField(required=False)
+    args = serializers.DictField(
+        required=False,
+        help_text="Approve with these arguments instead (all of them): validated "
+        "against the action's declared schema; only editable arguments may "
+        "change; needs a note.",
+    )
 
 
 class DecisionResultSerializer(ApprovalSerializer):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,6 +18,7 @@ from approvals.models import ApprovalRequest
 from approvals.selectors import approval_view
 from approvals.services import Reviewer, approval_decide, approval_read
 from runs.api.idempotency import IdempotentWrites
+from runs.api.serializers import ErrorSerializer
 from runs.api.views import actor_for
 from runs.models import Scope
 
@@ -46,6 +47,8 @@ def _render(approval: ApprovalRequest, serializer_class=ApprovalSerializer, **ex
                 "gate",
                 "risk",
                 "payload",
+                "args",
+                "edits",
                 "required_approvals",
                 "created_at",
                 "due_at",
@@ -90,20 +93,37 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
 
     @extend_schema(
         request=DecideSerializer,
-        responses=DecisionResultSerializer,
+        responses={
+            200: DecisionResultSerializer,
+            400: OpenApiResponse(
+                ErrorSerializer,
+                description="`invalid`: a denial or an edit without a note, or "
+                "edited `args` that break the action's declared schema "
+                "(`fields.args` names each argument).",
+            ),
+            409: OpenApiResponse(
+                ErrorSerializer,
+                description="`already_decided`; `same_reviewer` (this person, or "
+                "a service key, already approved these arguments); "
+                "`idempotency_key_reused`, `idempotency_in_progress`.",
+            ),
+        },
         summary="Decide an approval request (resumes the run once settled)",
+        description="Approvals are counted by authenticated principal: a "
+        "session or a personal key decides as its user; a service key as itself, "
+        "whatever `reviewer` label it sends (recorded as its unverified label), "
+        "and all service keys together count as one approval. Honours "
+        "Idempotency-Key.",
     )
     def post(self, request, approval_id):
         approval = generics.get_object_or_404(_tenant_requests(request), pk=approval_id)
         body = DecideSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        principal = request.principal
-        if principal.api_key is not None:
-            reviewer = Reviewer.for_api_key(
-                principal.api_key, on_behalf_of=body.validated_data["reviewer"]
-            )
-        else:
-            reviewer = Reviewer.for_user(request.user)
+        # A person decides as themselves; a service key as the key, whatever
+        # name it sends (kept as its unverified label).
+        reviewer = Reviewer.for_principal(
+            request.principal, claimed_label=body.validated_data["reviewer"]
+        )
         approval, run = approval_decide(
             approval=approval,
             reviewer=reviewer,

@@ -53,7 +53,13 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
         # The same message for unknown, wrong and revoked keys: a caller learns
         # nothing about which prefixes exist.
-        if api_key is None or not api_key.matches(secret) or not api_key.is_active:
+        if (
+            api_key is None
+            or not api_key.matches(secret)
+            or not api_key.is_active
+            # A personal key lives only as long as its owner's membership.
+            or (api_key.is_personal and api_key.owner_membership is None)
+        ):
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
         now = timezone.now()
         if (

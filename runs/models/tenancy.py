@@ -6,7 +6,9 @@ import hmac
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
+from django.utils.functional import cached_property
 
 
 class TenantOwnedQuerySet(models.QuerySet):
@@ -77,10 +79,33 @@ API_KEY_PREFIX_LENGTH = 12
 
 
 class ApiKey(models.Model):
-    """A program's credential. Only a digest of the secret is stored."""
+    """A credential. Only a digest of the secret is stored.
+
+    A service key is a program's: it acts with its own scopes and is nobody in
+    particular. A personal key belongs to one person's membership of the
+    tenant: it acts as that person, within their role (its scopes are cut
+    down to what the role grants), and stops working when the membership
+    goes. Approvals count people, so a decision through a personal key counts
+    as its owner's, and one through a service key as no person's.
+    """
+
+    class Kind(models.TextChoices):
+        SERVICE = "service", "Service key"
+        PERSONAL = "personal", "Personal key"
 
     tenant = models.ForeignKey(
         Tenant, on_delete=models.CASCADE, related_name="api_keys"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.SERVICE)
+    # The owner of a personal key (with the tenant: their membership). Null
+    # for service keys; a personal key whose owner is gone authenticates
+    # nothing.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="personal_api_keys",
     )
     name = models.CharField(max_length=200)
     prefix = models.CharField(
@@ -98,6 +123,12 @@ class ApiKey(models.Model):
     objects = TenantOwnedQuerySet.as_manager()
 
     class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind="personal") | Q(user__isnull=True),
+                name="api_key_service_has_no_user",
+            )
+        ]
         ordering = ["tenant", "name"]
         verbose_name = "API key"
 
@@ -107,6 +138,24 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+    @property
+    def is_personal(self) -> bool:
+        return self.kind == self.Kind.PERSONAL
+
+    @cached_property
+    def owner_membership(self) -> Membership | None:
+        """The membership a personal key acts through, if it still exists and
+        its user may log in; None for service keys."""
+        if not self.is_personal or self.user_id is None:
+            return None
+        return (
+            Membership.objects.select_related("user", "tenant")
+            .filter(
+                user_id=self.user_id, tenant_id=self.tenant_id, user__is_active=True
+            )
+            .first()
+        )
 
     @staticmethod
     def hash_secret(secret: str) -> str:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from audit import events
 from audit.services import Actor, record
+from runs.access import ROLE_SCOPES
 from runs.models import ApiKey, Membership, Role, Scope, Tenant
 from runs.models.tenancy import API_KEY_PREFIX_LENGTH
 
@@ -44,17 +45,43 @@ def tenant_create(*, slug: str, name: str = "", actor: Actor) -> Tenant:
     return tenant
 
 
+def _personal_scopes(tenant: Tenant, user, scopes: list[str]) -> list[str]:
+    """A personal key's scopes: within what its owner's role grants."""
+    membership = Membership.objects.filter(tenant=tenant, user=user).first()
+    if membership is None:
+        raise ValueError(
+            f"{user.get_username()} is not a member of {tenant.slug}: a personal "
+            "key belongs to a membership"
+        )
+    write, read_only = ROLE_SCOPES[membership.role]
+    beyond = sorted(set(scopes) - write - read_only)
+    if beyond:
+        granted = ", ".join(sorted(write | read_only))
+        raise ValueError(
+            f"a {membership.get_role_display().lower()}'s personal key may carry "
+            f"only {granted}; not {', '.join(beyond)}"
+        )
+    return scopes
+
+
 @transaction.atomic
 def api_key_create(
-    *, tenant: Tenant, name: str, scopes: list[str], actor: Actor
+    *, tenant: Tenant, name: str, scopes: list[str], actor: Actor, user=None
 ) -> IssuedApiKey:
+    """A service key, or with `user` a personal key of their membership (its
+    scopes within what their role grants; ValueError otherwise)."""
     scopes = parse_scopes(scopes)
+    if user is not None:
+        scopes = _personal_scopes(tenant, user, scopes)
+    kind = ApiKey.Kind.PERSONAL if user is not None else ApiKey.Kind.SERVICE
     prefix = "gh_" + "".join(
         secrets.choice(_ALPHABET) for _ in range(API_KEY_PREFIX_LENGTH - 3)
     )
     secret = f"{prefix}.{secrets.token_urlsafe(32)}"
     api_key = ApiKey.objects.create(
         tenant=tenant,
+        kind=kind,
+        user=user,
         name=name,
         prefix=prefix,
         secret_hash=ApiKey.hash_secret(secret),
@@ -64,7 +91,13 @@ def api_key_create(
         tenant=tenant,
         kind=events.API_KEY_CREATED,
         actor=actor,
-        data={"prefix": prefix, "name": name, "scopes": ",".join(scopes)},
+        data={
+            "prefix": prefix,
+            "name": name,
+            "scopes": ",".join(scopes),
+            "key_kind": kind,
+            "owner": user.get_username() if user is not None else "",
+        },
     )
     return IssuedApiKey(api_key=api_key, secret=secret)
 
@@ -103,6 +136,12 @@ def membership_set(*, tenant: Tenant, user, role: str, actor: Actor) -> Membersh
 
 @transaction.atomic
 def membership_remove(*, membership: Membership, actor: Actor) -> None:
+    """Remove a membership; the member's personal keys of the tenant are
+    revoked with it."""
+    for api_key in ApiKey.objects.filter(
+        tenant=membership.tenant, user=membership.user, revoked_at=None
+    ):
+        api_key_revoke(api_key=api_key, actor=actor)
     record(
         tenant=membership.tenant,
         kind=events.MEMBERSHIP_REMOVED,

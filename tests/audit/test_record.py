@@ -140,7 +140,7 @@ def test_described_arguments_are_stored_as_digests_and_safe_fields():
     assert event.data["args"]["iban"].startswith("hmac-sha256:")
 
 
-def test_api_key_actor_keeps_the_reviewer_it_decided_for():
+def test_api_key_actor_keeps_the_label_it_sent_marked_unverified():
     tenant = make_tenant()
     api_key, _ = make_api_key(tenant, name="chat bot")
     actor = Actor.api_key(ApiKey.objects.get(pk=api_key.pk), on_behalf_of="rita")
@@ -151,7 +151,9 @@ def test_api_key_actor_keeps_the_reviewer_it_decided_for():
     assert event.actor_type == "api_key"
     assert event.actor_id == str(api_key.pk)
     assert event.actor_on_behalf_of == "rita"
-    assert event.actor_label == f"key {api_key.prefix} (chat bot) for rita"
+    assert event.actor_label == (
+        f"key {api_key.prefix} (chat bot), unverified label rita"
+    )
 
 
 def test_actor_label_reads_after_the_key_is_gone():

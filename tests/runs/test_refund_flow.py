@@ -5,7 +5,7 @@ import pytest
 from audit.models import AuditEvent
 from demo.models import DemoOutboxMessage, DemoPayment
 from runs.models import Run, ToolCall
-from tests.factories import tenant_with_client
+from tests.factories import api_client, make_api_key, make_member, tenant_with_client
 from tests.workers import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -83,7 +83,8 @@ def test_refund_approved_end_to_end(worker):
     assert DemoOutboxMessage.objects.for_tenant(tenant).get().kind == "refund_issued"
     state = client.get("/api/v1/threads/case-1/state").json()
     assert state["values"]["outcome"] == "refunded"
-    assert state["values"]["decision"]["reviewer"] == "rita"
+    # A service key decided: the name it sent is its unverified label.
+    assert state["values"]["decision"]["reviewer"].endswith("(unverified label “rita”)")
     assert client.get("/api/v1/threads/case-1").json()["status"] == "idle"
     kinds = list(AuditEvent.objects.for_tenant(tenant).values_list("kind", flat=True))
     for kind in [
@@ -129,17 +130,19 @@ def test_edited_args_are_executed_and_recorded_beside_the_original(worker):
     edited = {"order_id": "A-1001", "amount": "25.00", "currency": "EUR"}
     decided = client.post(
         f"/api/v1/approvals/{approval['id']}/decision",
-        {"approved": True, "args": edited},
+        {"approved": True, "args": edited, "note": "One item is kept."},
         format="json",
     )
     body = decided.json()
     assert body["payload"]["args"]["amount"] == "40.00"
     assert body["decisions"][0]["args"] == edited
+    assert body["edits"] == [{"arg": "amount", "old": "40.00", "new": "25.00"}]
     wait_run(client, "case-1", body["resumed_run"]["run_id"], "succeeded")
     assert DemoPayment.objects.for_tenant(tenant).get().amount == 25
 
 
-def test_high_risk_needs_two_distinct_reviewers(worker):
+def test_high_risk_needs_two_people_not_two_labels(worker):
+    """The issue's attack: one key deciding twice under two names."""
     tenant, client = tenant_with_client()
     big = {**REFUND_INPUT, "order": {"id": "A-2002", "amount": "900.00"}}
     run_id = start_refund(client, refund_input=big)
@@ -147,12 +150,15 @@ def test_high_risk_needs_two_distinct_reviewers(worker):
     approval = pending_approval(client, "case-1")
     assert approval["risk"] == "high" and approval["required_approvals"] == 2
     url = f"/api/v1/approvals/{approval['id']}/decision"
-    first = client.post(url, {"approved": True, "reviewer": "rita"}, format="json")
+    first = client.post(url, {"approved": True, "reviewer": "alice"}, format="json")
     assert first.status_code == 200 and first.json()["status"] == "pending"
     assert first.json()["resumed_run"] is None
-    again = client.post(url, {"approved": True, "reviewer": "rita"}, format="json")
+    again = client.post(url, {"approved": True, "reviewer": "alice2"}, format="json")
     assert again.status_code == 409 and again.json()["code"] == "same_reviewer"
-    second = client.post(url, {"approved": True, "reviewer": "sam"}, format="json")
+    assert not DemoPayment.objects.for_tenant(tenant).exists()
+    reviewer = make_member(tenant, role="reviewer").user
+    _, secret = make_api_key(tenant, ["approvals"], user=reviewer)
+    second = api_client(secret).post(url, {"approved": True}, format="json")
     assert second.status_code == 200 and second.json()["status"] == "approved"
     wait_run(client, "case-1", second.json()["resumed_run"]["run_id"], "succeeded")
     assert DemoPayment.objects.for_tenant(tenant).count() == 1

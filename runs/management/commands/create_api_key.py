@@ -1,3 +1,4 @@
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.services import Actor
@@ -6,31 +7,48 @@ from runs.management.commands._helpers import tenant_by_slug
 
 
 class Command(BaseCommand):
-    help = "Create an API key; the secret is printed once, on the last line."
+    help = (
+        "Create an API key; the secret is printed once, on the last line. With "
+        "--user, a personal key: it acts as that member, within their role."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--tenant", required=True, help="tenant slug")
         parser.add_argument(
             "--scopes",
             required=True,
-            help="comma-separated: runs,approvals,audit,time_travel (time_travel: forks and runs from a checkpoint)",
+            help="comma-separated: runs,approvals,audit,time_travel "
+            "(time_travel: forks and runs from a checkpoint)",
         )
         parser.add_argument("--name", default="cli key")
+        parser.add_argument(
+            "--user",
+            default="",
+            help="a member's username: the key is theirs and decides as them "
+            "(a personal key); without it, a service key",
+        )
 
-    def handle(self, *args, tenant: str, scopes: str, name: str, **options):
+    def handle(self, *args, tenant: str, scopes: str, name: str, user: str, **options):
         tenant_obj = tenant_by_slug(tenant)
+        owner = None
+        if user:
+            owner = get_user_model().objects.filter(username=user).first()
+            if owner is None:
+                raise CommandError(f"no user {user!r}")
         try:
             scope_list = services.parse_scopes(scopes)
+            issued = services.api_key_create(
+                tenant=tenant_obj,
+                name=name,
+                scopes=scope_list,
+                actor=Actor.system("manage.py"),
+                user=owner,
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        issued = services.api_key_create(
-            tenant=tenant_obj,
-            name=name,
-            scopes=scope_list,
-            actor=Actor.system("manage.py"),
-        )
+        kind = f"personal API key of {user}" if owner else "service API key"
         self.stderr.write(
-            f"API key {issued.api_key.prefix} for {tenant_obj.slug} with scopes "
-            f"{','.join(scope_list)}. Store the secret now: it is not kept."
+            f"{kind} {issued.api_key.prefix} for {tenant_obj.slug} with scopes "
+            f"{','.join(issued.api_key.scopes)}. Store the secret now: it is not kept."
         )
         self.stdout.write(issued.secret)
