@@ -121,6 +121,11 @@ def orphan_reason(approval: ApprovalRequest) -> str | None:
         registry.get(thread.agent_name, approval.run.agent_version)
     except registry.UnknownAgent:
         return f"agent version {thread.agent_name}@{approval.run.agent_version} gone"
+    waiting = thread.status == Thread.Status.INTERRUPTED or (
+        Run.objects.filter(thread_id=thread.pk, status__in=Run.ACTIVE).exists()
+    )
+    if not waiting:
+        return "the thread no longer waits on this interrupt"
     return None
 
 
@@ -211,6 +216,19 @@ def approval_close(
         approval=approval, kind=events.APPROVAL_CLOSED, actor=actor, reason=reason[:200]
     )
     return approval
+
+
+def approvals_close_for_thread(*, thread, actor: Actor, reason: str) -> int:
+    """Close the thread's pending requests, in the caller's transaction: its
+    interrupts will never be resumed (the thread was closed)."""
+    pending = ApprovalRequest.objects.select_for_update(of=("self",)).filter(
+        thread_id=thread.pk, status=ApprovalRequest.Status.PENDING
+    )
+    closed = 0
+    for approval in pending.select_related("tenant", "thread"):
+        approval_close(approval=approval, reason=reason, actor=actor)
+        closed += 1
+    return closed
 
 
 def approval_expire(

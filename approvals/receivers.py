@@ -2,10 +2,16 @@
 
 from django.dispatch import receiver
 
+from approvals.escalation import approvals_close_for_thread
 from approvals.services import approval_requests_open
-from runs.signals import run_interrupted
+from runs.signals import run_interrupted, thread_closed
 
 
 @receiver(run_interrupted, dispatch_uid="approvals.open_requests")
 def open_approval_requests(sender, *, run, interrupts, **kwargs) -> None:
     approval_requests_open(run=run, interrupts=interrupts)
+
+
+@receiver(thread_closed, dispatch_uid="approvals.close_requests")
+def close_approval_requests(sender, *, thread, actor, reason, **kwargs) -> None:
+    approvals_close_for_thread(thread=thread, actor=actor, reason=reason)

@@ -215,21 +215,22 @@ def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalReques
     safe_args = _safe_args(thread)
     opened = []
     for interrupt, payload, risk in parsed:
-        if ApprovalRequest.objects.filter(
+        request = ApprovalRequest.objects.filter(
             thread=thread, interrupt_id=interrupt.id
-        ).exists():
-            continue  # still waiting from an earlier run of the thread
-        request = ApprovalRequest(
-            tenant=thread.tenant,
-            thread=thread,
-            run=run,
-            interrupt_id=interrupt.id,
-            gate=payload.gate,
-            risk=risk,
-            action=payload.action,
-            required_approvals=REQUIRED_APPROVALS[risk],
-            due_at=timezone.now() + _due_in(risk, thread.tenant),
+        ).first()
+        if request is not None and request.status != request.Status.CANCELLED:
+            continue  # still waiting (or decided) from an earlier run
+        # A request closed when its run failed waits again once a retry of the
+        # run stops at the same interrupt: a gate is never left without one.
+        request = request or ApprovalRequest(
+            tenant=thread.tenant, thread=thread, interrupt_id=interrupt.id
         )
+        request.run = run
+        request.status = ApprovalRequest.Status.PENDING
+        request.decided_at = None
+        request.gate, request.risk, request.action = payload.gate, risk, payload.action
+        request.required_approvals = REQUIRED_APPROVALS[risk]
+        request.due_at = timezone.now() + _due_in(risk, thread.tenant)
         request.payload = cipher.encrypt_value(
             payload.as_dict(), row=_payload_row(request)
         )

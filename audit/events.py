@@ -117,6 +117,9 @@ THREAD_READ = _declare(
     "thread.read", "thread read with {interrupts} interrupt value(s)", timeline=False
 )
 RUN_READ = _declare("run.read", "errors of {runs} run(s) read", timeline=False)
+THREAD_CLOSED = _declare(
+    "thread.closed", "thread closed after its failed run by {actor}, with a note"
+)
 RUN_QUEUED = _declare("run.queued", "{kind} run queued on {agent}@{version}")
 RUN_STARTED = _declare("run.started", "run started on {worker} (attempt {attempt})")
 RUN_RECOVERED = _declare(

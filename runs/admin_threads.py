@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import json
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, Subquery
-from django.http import Http404, HttpResponseNotAllowed
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, reverse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
+from django.views.decorators.http import require_POST
 
 from audit.services import Actor
 from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, has_role
 from runs.crypto import ThreadDeleted
-from runs.errors import InvalidRequest, VersionSkew
+from runs.errors import InvalidRequest, StateConflict, VersionSkew
 from runs.models import Checkpoint, Role, Run, Thread
 from runs.selectors import state_body
-from runs.services import thread_state
+from runs.services import run_retry, thread_close, thread_state
 
 THREAD_TEMPLATE = "admin/runs/thread/detail.html"
 VIEW_ROLES = {
@@ -40,6 +41,9 @@ VIEW_ROLES = {
 # Roles that may read a thread's decrypted content; tenant admins manage the
 # tenant, they do not read its customers' conversations.
 STATE_ROLES = {Role.REVIEWER, Role.COMPLIANCE_OFFICER, Role.AUDITOR}
+# Who may run a failed thread again or close it: a decision may stand behind
+# the failed run, so it is a compliance decision, not a reviewer's.
+RECOVERY_ROLES = {Role.COMPLIANCE_OFFICER}
 TIMELINE_ENTRIES = 200
 
 
@@ -137,8 +141,72 @@ class ThreadAdmin(ReadOnlyScopedAdmin):
             "chosen": chosen,
             "state": state,
             "state_error": state_error,
+            "can_recover": thread.status == Thread.Status.ERROR
+            and has_role(request.user, RECOVERY_ROLES, thread.tenant_id),
         }
         return TemplateResponse(request, THREAD_TEMPLATE, context)
+
+    # --- A failed thread: run it again, or close it (compliance officers) -----------
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "<int:object_id>/retry/",
+                wrap(require_POST(self.retry_view)),
+                name="runs_thread_retry",
+            ),
+            path(
+                "<int:object_id>/close/",
+                wrap(require_POST(self.close_view)),
+                name="runs_thread_close",
+            ),
+        ] + super().get_urls()
+
+    def _recoverable(self, request, object_id) -> Thread:
+        thread = self.get_object(request, str(object_id))
+        if thread is None:
+            raise Http404("no such thread")
+        if not has_role(request.user, RECOVERY_ROLES, thread.tenant_id):
+            raise PermissionDenied
+        return thread
+
+    def _back(self, thread) -> HttpResponseRedirect:
+        return HttpResponseRedirect(
+            reverse("admin:runs_thread_change", args=[thread.pk])
+        )
+
+    def retry_view(self, request, object_id):
+        thread = self._recoverable(request, object_id)
+        try:
+            run = run_retry(thread=thread, actor=Actor.user(request.user))
+        except StateConflict as exc:
+            messages.error(request, str(exc.detail))
+        else:
+            messages.success(
+                request,
+                f"Run {run.id} queued: it continues from the latest checkpoint, "
+                "the failed step first.",
+            )
+        return self._back(thread)
+
+    def close_view(self, request, object_id):
+        thread = self._recoverable(request, object_id)
+        try:
+            thread_close(
+                thread=thread,
+                actor=Actor.user(request.user),
+                note=request.POST.get("note", ""),
+            )
+        except InvalidRequest:
+            messages.error(request, "Closing a failed thread needs a note: why.")
+        except StateConflict as exc:
+            messages.error(request, str(exc.detail))
+        else:
+            messages.success(
+                request, "Thread closed; its open approval requests were closed."
+            )
+        return self._back(thread)
 
     @staticmethod
     def _state(request, thread, checkpoint_id):

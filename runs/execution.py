@@ -170,7 +170,9 @@ def _graph_input(run: Run, thread: Thread, cipher: ThreadCipher) -> tuple[Any, d
     # Copied into every checkpoint's metadata (encrypted): how a later attempt
     # knows this run got that far, and what delete_for_runs keys on.
     config["metadata"] = {"run_id": str(run.id)}
-    if progressed:
+    if progressed or run.kind == Run.Kind.RETRY:
+        # A retry continues the thread's latest checkpoint, the failed step
+        # first, as the failed run would have.
         return None, config
     if run.kind == Run.Kind.RESUME:
         resume = cipher.decrypt_value(run.resume, row=("run-resume", str(run.id)))

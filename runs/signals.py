@@ -10,5 +10,12 @@ import django.dispatch
 run_interrupted = django.dispatch.Signal()
 
 
+# Sent inside the transaction that closes a failed thread without running it
+# again (runs.services.thread_close), with `thread`, `actor` (an
+# audit.services.Actor) and `reason`: whatever waits on its interrupts can no
+# longer be answered.
+thread_closed = django.dispatch.Signal()
+
+
 class InterruptRejected(Exception):
     """An interrupt's payload breaks the contract; the message says how."""

@@ -2,10 +2,15 @@
 
 import operator
 import time
+from pathlib import Path
 from typing import Annotated, TypedDict
 
+from django.conf import settings
 from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import get_runtime
 from langgraph.types import interrupt
+
+from runs.actions import GatedAction
 
 
 class EchoState(TypedDict, total=False):
@@ -108,3 +113,28 @@ def question_graph() -> StateGraph:
 
 
 question_graph.actions = []  # declares that it has no approval gates
+
+
+def provider_marker(thread_pk: int) -> Path:
+    """While this file is missing, the flaky agent's provider is down."""
+    return Path(settings.VAR_DIR) / f"provider-up-{thread_pk}"
+
+
+def _act(state: GateState) -> GateState:
+    if not provider_marker(get_runtime().context.thread_pk).exists():
+        raise RuntimeError("the provider is down")
+    return {"answers": [{"acted": True}]}
+
+
+def flaky_graph() -> StateGraph:
+    """Asks for one approval, then acts through a provider that may be down."""
+    graph = StateGraph(GateState)
+    graph.add_node("ask", _ask("one"))
+    graph.add_node("act", _act)
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", "act")
+    graph.add_edge("act", END)
+    return graph
+
+
+flaky_graph.actions = [GatedAction(name="do_one", node="ask")]

@@ -17,6 +17,7 @@ BLOCK = re.compile(r"```python\n# writing_agents/(\w+)\.py\n(.*?)```", re.S)
 # The agent each example module defines: module -> its factory or entrypoint.
 AGENTS = {
     "functional": "shipping",
+    "gated": "build_graph",
     "replay": "build_graph",
 }
 

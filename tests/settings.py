@@ -54,6 +54,7 @@ GATEHOUSE_AGENTS = os.environ.get(
             "pair@1=tests.agents:pair_graph",
             "incomplete@1=tests.agents:incomplete_payload_graph",
             "ask@1=tests.agents:question_graph",
+            "flaky@1=tests.agents:flaky_graph",
             "tasks@1=tests.durable_agents:tasks_workflow",
             "deadline@1=tests.durable_agents:deadline_graph",
             *registrations(),

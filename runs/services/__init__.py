@@ -5,7 +5,9 @@ from runs.services.runs import (
     run_cancel_active,
     run_errors_read,
     run_resume,
+    run_retry,
     run_start,
+    thread_close,
 )
 from runs.services.tenancy import (
     IssuedApiKey,
@@ -35,8 +37,10 @@ __all__ = [
     "run_cancel_active",
     "run_errors_read",
     "run_resume",
+    "run_retry",
     "run_start",
     "tenant_create",
+    "thread_close",
     "thread_create",
     "thread_fork",
     "thread_interrupts_read",

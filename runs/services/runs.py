@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit import events
+from audit.redaction import digest
 from audit.services import Actor, record
 from runs import dispatch, gates, registry, selectors
 from runs.crypto import ThreadCipher
@@ -26,6 +27,7 @@ from runs.graphs import (
     thread_config,
 )
 from runs.models import Run, Thread
+from runs.signals import thread_closed
 
 
 def _lock(thread: Thread) -> Thread:
@@ -185,6 +187,62 @@ def run_resume(
         ensure_nodes_exist(graph, selectors.waiting_nodes(thread), key=spec.key)
     gates.check_resume(thread=thread, graph=graph, resume=resume)
     return _queue(thread=thread, kind=Run.Kind.RESUME, actor=actor, resume_value=resume)
+
+
+def _failed(thread: Thread) -> tuple[Thread, Run]:
+    """The locked thread and its failed last run; StateConflict otherwise."""
+    thread = _lock(thread)
+    last = Run.objects.filter(thread=thread).order_by("-created_at").first()
+    if (
+        thread.status != Thread.Status.ERROR
+        or last is None
+        or last.status != Run.Status.FAILED
+    ):
+        raise StateConflict(
+            f"thread {thread.thread_id} has no failed run to retry or close "
+            f"(status {thread.status})",
+            code="thread_not_failed",
+        )
+    return thread, last
+
+
+@transaction.atomic
+def run_retry(*, thread: Thread, actor: Actor) -> Run:
+    """Run a failed thread again from its latest checkpoint: the step that
+    failed runs again, with the decisions it was given (and the idempotency
+    keys of its side effects), so nothing passes a gate and nothing done
+    before the failure is done twice."""
+    thread, _ = _failed(thread)
+    spec_for(thread)  # VersionSkew when the pinned version is gone
+    return _queue(thread=thread, kind=Run.Kind.RETRY, actor=actor)
+
+
+@transaction.atomic
+def thread_close(*, thread: Thread, actor: Actor, note: str) -> Thread:
+    """Give up on a failed thread: it becomes idle, its open approval requests
+    are closed (runs.signals.thread_closed), and the audit trail says who did
+    it; the note, free text, only as a digest."""
+    note = (note or "").strip()
+    if not note:
+        raise InvalidRequest("closing a failed thread needs a note", field="note")
+    thread, failed = _failed(thread)
+    thread.status = Thread.Status.IDLE
+    thread.save(update_fields=["status", "updated_at"])
+    record(
+        tenant=thread.tenant,
+        kind=events.THREAD_CLOSED,
+        actor=actor,
+        thread_id=thread.thread_id,
+        run_id=str(failed.id),
+        data={"note": digest(note)},
+    )
+    thread_closed.send(
+        sender=Thread,
+        thread=thread,
+        actor=actor,
+        reason=f"thread closed after a failed run by {actor.label}"[:200],
+    )
+    return thread
 
 
 @transaction.atomic

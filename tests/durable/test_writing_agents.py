@@ -10,7 +10,12 @@ from approvals.models import ApprovalRequest
 from approvals.services import payload_of
 from tests.docs_examples import AGENTS, examples
 from tests.durable.helpers import decide, start, state, wait_run
-from tests.factories import tenant_with_client
+from tests.factories import (
+    api_client,
+    make_api_key,
+    make_member,
+    tenant_with_client,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -39,3 +44,34 @@ def test_replay_example_keeps_its_ticket_across_the_approval(worker):
         approved["ticket"],
         approved["deadline"],
     )
+
+
+def test_gated_example_raises_the_risk_of_an_edit_and_executes_it(worker):
+    tenant, client = tenant_with_client()
+    invoice = {"supplier": "Acme Tools", "amount": "80.00"}
+    run_id = start(client, "doc-gated", "inv-1", {"invoice": invoice})
+    assert wait_run(run_id).status == "interrupted"
+    request = ApprovalRequest.objects.get()
+    assert (request.risk, request.required_approvals) == ("low", 1)
+    url = f"/api/v1/approvals/{request.pk}/decision"
+    alice, bob = (
+        api_client(make_api_key(tenant, ["approvals"], user=user)[1])
+        for user in (make_member(tenant).user, make_member(tenant).user)
+    )
+    note = {"approved": True, "note": "The invoice was short."}
+    refused = alice.post(
+        url, {**note, "args": {**invoice, "supplier": "Other"}}, format="json"
+    )
+    assert list(refused.json()["fields"]["args"]) == ["supplier"]
+    edited = {**invoice, "amount": "1200.00"}
+    first = alice.post(url, {**note, "args": edited}, format="json").json()
+    assert (first["status"], first["risk"], first["required_approvals"]) == (
+        "pending",
+        "high",
+        2,
+    )
+    second = bob.post(url, {"approved": True}, format="json").json()
+    assert wait_run(second["resumed_run"]["run_id"]).status == "succeeded"
+    decision = state(client, "inv-1")["decision"]
+    assert decision["args"] == edited
+    assert decision["edits"] == [{"arg": "amount", "old": "80.00", "new": "1200.00"}]
