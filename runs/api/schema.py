@@ -11,5 +11,7 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "An API key: `Authorization: Bearer gh_xxxxxxxxx.<secret>`.",
+            "description": "An API key: `Authorization: Bearer gh_xxxxxxxxx.<secret>`. "
+            "A service key acts with its own scopes; a personal key acts as the "
+            "member it belongs to, within their role (its approvals are theirs).",
         }
