@@ -38,6 +38,10 @@ def zone(name: str) -> zoneinfo.ZoneInfo:
         ) from None
 
 
+# Days whose bounds exist in every zone (UTC-12 to UTC+14) as Python instants.
+FIRST_DAY, LAST_DAY = datetime.date(1, 1, 2), datetime.date(9999, 12, 30)
+
+
 def day_bounds(
     day: datetime.date, tz: datetime.tzinfo = UTC
 ) -> tuple[datetime.datetime, datetime.datetime]:
@@ -48,6 +52,8 @@ def day_bounds(
     at 00:00), fold=0 places it at the instant of the change, which is when
     that local day begins.
     """
+    if not FIRST_DAY <= day <= LAST_DAY:
+        raise ValueError(f"must be a day from {FIRST_DAY} to {LAST_DAY}")
     start = datetime.datetime.combine(day, datetime.time.min, tzinfo=tz)
     end = datetime.datetime.combine(
         day + datetime.timedelta(days=1), datetime.time.min, tzinfo=tz

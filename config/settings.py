@@ -98,7 +98,7 @@ else:
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "config.admin.GatehouseAdminConfig",  # django.contrib.admin, lookups validated
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -297,8 +297,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["runs.api.permissions.TenantScopePermission"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # Depth, non-finite numbers and 64-bit integers checked at the boundary;
+    # a stored value JSON cannot hold renders as unreadable (runs.api.parsers).
+    "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["runs.api.parsers.SafeJSONRenderer"],
     "DEFAULT_PAGINATION_CLASS": "runs.api.pagination.CursorPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],

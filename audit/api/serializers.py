@@ -35,6 +35,13 @@ class EventFilterSerializer(serializers.Serializer):
         help_text="An actor type (user, api_key, agent, system) or type:id.",
     )
 
+    def validate_date(self, value):
+        if not selectors.FIRST_DAY <= value <= selectors.LAST_DAY:
+            raise serializers.ValidationError(
+                f"must be a day from {selectors.FIRST_DAY} to {selectors.LAST_DAY}"
+            )
+        return value
+
     def validate_tz(self, value: str):
         try:
             return selectors.zone(value)
@@ -127,6 +134,13 @@ class TimelineQuerySerializer(serializers.Serializer):
         max_length=64,
         help_text="IANA time zone for the story's clock times (default UTC).",
     )
+
+    def validate_date(self, value):
+        if not selectors.FIRST_DAY <= value <= selectors.LAST_DAY:
+            raise serializers.ValidationError(
+                f"must be a day from {selectors.FIRST_DAY} to {selectors.LAST_DAY}"
+            )
+        return value
 
     def validate_tz(self, value: str):
         try:

@@ -7,6 +7,7 @@ import logging
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, JsonResponse
 from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -100,6 +101,7 @@ def json_error(request, code: str, message: str, status_code: int) -> JsonRespon
     return JsonResponse(error_body(code, message), status=status_code)
 
 
+@csrf_exempt  # nothing to protect: a POST to an unknown route is a JSON 404
 def api_not_found(request, *args, **kwargs) -> JsonResponse:
     return json_error(request, "not_found", "No such endpoint.", 404)
 

@@ -213,6 +213,11 @@ def test_pages_are_oldest_first_in_a_stable_order_without_gaps():
         ({"cursor": "not-a-cursor"}, "cursor"),
         ({"format": "xml"}, "format"),
         ({"format": "csv", "date": "2026-02-30"}, "date"),
+        # Issue 16, finding 3: the next day's midnight does not exist.
+        ({"date": "9999-12-31", "tz": "Pacific/Kiritimati"}, "date"),
+        ({"date": "0001-01-01", "tz": "Etc/GMT+12"}, "date"),
+        ({"since": "0001-01-01T00:00:00+14:00"}, "since"),
+        ({"until": "9999-12-31T23:59:59-12:00"}, "until"),
     ],
 )
 def test_bad_filter_values_are_400_naming_the_field(params, field):

@@ -30,8 +30,12 @@ class Command(BaseCommand):
             raise CommandError(f"There is no tenant {tenant!r}.")
         try:
             day = datetime.date.fromisoformat(date)
+            selectors.day_bounds(day)
         except ValueError:
-            raise CommandError(f"--date must be YYYY-MM-DD, not {date!r}.") from None
+            raise CommandError(
+                f"--date must be YYYY-MM-DD from {selectors.FIRST_DAY} to "
+                f"{selectors.LAST_DAY}, not {date!r}."
+            ) from None
         try:
             zone = selectors.zone(tz)
         except ValueError as exc:

@@ -1,0 +1,103 @@
+"""JSON in and out of the API, with what no view can cope with stopped at the
+boundary.
+
+In: `StrictJSONParser` refuses, with a 400 that names where in the body:
+
+- nesting deeper than MAX_DEPTH: Python's recursion limit would turn a
+  1,000-deep document into a 500, and nothing Gatehouse stores is that deep;
+- numbers that are not finite (`NaN`, `Infinity`, or `1e400`, which reads as
+  infinity): JSON has no such numbers, and a stored one would break every
+  later rendering of the thread;
+- integers outside 64 bits: MessagePack (the checkpoint store's format) and
+  Postgres stop there.
+
+Out: `SafeJSONRenderer` renders a value that JSON cannot hold (a non-finite
+number an agent produced itself) as `{"unreadable": "..."}` instead of failing
+the whole response, so one odd value never makes a page answer 500 for
+everyone.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import math
+from typing import Any
+
+from django.conf import settings
+from rest_framework import exceptions
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
+
+MAX_DEPTH = 32
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+UNREADABLE_NUMBER = {"unreadable": "not a finite number"}
+
+
+def _join(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]" if path else f"[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def unsafe_value(data: Any) -> tuple[str, str] | None:
+    """(where, what) of the first value in `data` the API refuses, or None."""
+    stack = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth >= MAX_DEPTH:
+                return path or "body", f"is nested deeper than {MAX_DEPTH} levels"
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend(
+                (item, _join(path, key), depth + 1)
+                for key, item in reversed(list(items))
+            )
+        elif isinstance(value, float) and not math.isfinite(value):
+            return path or "body", "must be a finite number"
+        elif (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and not INT_MIN <= value <= INT_MAX
+        ):
+            return path or "body", "must be an integer that fits in 64 bits"
+    return None
+
+
+class StrictJSONParser(JSONParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            # NaN and Infinity read as floats here, to be named below.
+            data = json.load(codecs.getreader(encoding)(stream), parse_constant=float)
+        except RecursionError:
+            raise exceptions.ParseError(
+                f"The JSON body is nested deeper than {MAX_DEPTH} levels."
+            ) from None
+        except ValueError as exc:
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from None
+        problem = unsafe_value(data)
+        if problem is not None:
+            where, what = problem
+            raise exceptions.ValidationError({where: [f"{where} {what}."]})
+        return data
+
+
+def _renderable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return UNREADABLE_NUMBER
+    if isinstance(value, dict):
+        return {key: _renderable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_renderable(item) for item in value]
+    return value
+
+
+class SafeJSONRenderer(JSONRenderer):
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        try:
+            return super().render(data, accepted_media_type, renderer_context)
+        except ValueError:  # a non-finite number: render the rest
+            return super().render(
+                _renderable(data), accepted_media_type, renderer_context
+            )

@@ -1,0 +1,87 @@
+"""What no view can cope with is refused at the API's boundary with a 400
+naming where it is, and a stored value JSON cannot hold never makes a read
+answer 500 (issue 16, finding 3)."""
+
+import json
+
+import pytest
+
+from runs.graphs import compile_for, thread_config
+from runs.models import Thread
+from tests.factories import tenant_with_client
+
+pytestmark = pytest.mark.django_db
+
+
+def post_raw(client, path: str, text: str):
+    return client.post(path, data=text, content_type="application/json")
+
+
+def fields_of(response) -> dict:
+    assert response.status_code == 400, response.content
+    return response.json().get("fields", {})
+
+
+def nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+def test_json_nested_a_thousand_deep_is_a_400():
+    _, client = tenant_with_client()
+    body = f'{{"agent": "echo", "metadata": {nested(1000)}}}'
+    response = post_raw(client, "/api/v1/threads", body)
+    assert response.status_code == 400
+    assert response.json()["code"] in {"parse_error", "invalid"}
+
+
+def test_json_deeper_than_the_limit_is_a_400_naming_where():
+    _, client = tenant_with_client()
+    body = f'{{"agent": "echo", "metadata": {nested(40)}}}'
+    (where,) = fields_of(post_raw(client, "/api/v1/threads", body))
+    # The container at depth 32 (the body is depth 0) is named.
+    assert where == "metadata" + ".a" * 31
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "NaN", "Infinity"])
+def test_a_number_that_is_not_finite_is_a_400_naming_the_field(number):
+    tenant, client = tenant_with_client()
+    client.post("/api/v1/threads", {"thread_id": "t1", "agent": "echo"}, format="json")
+    body = f'{{"input": {{"order": {{"id": "A-1", "amount": {number}}}}}}}'
+    fields = fields_of(post_raw(client, "/api/v1/threads/t1/runs", body))
+    assert fields == {
+        "input.order.amount": ["input.order.amount must be a finite number."]
+    }
+
+
+@pytest.mark.parametrize("number", [2**63, -(2**63) - 1, 10**30])
+def test_an_integer_beyond_64_bits_is_a_400_naming_the_field(number):
+    _, client = tenant_with_client()
+    body = json.dumps({"agent": "echo", "metadata": {"items": [1, {"n": number}]}})
+    fields = fields_of(post_raw(client, "/api/v1/threads", body))
+    assert list(fields) == ["metadata.items[1].n"]
+
+
+def test_the_largest_64_bit_integers_are_accepted():
+    _, client = tenant_with_client()
+    client.post("/api/v1/threads", {"thread_id": "t1", "agent": "echo"}, format="json")
+    body = json.dumps({"input": {"hi": 2**63 - 1, "lo": -(2**63)}})
+    assert post_raw(client, "/api/v1/threads/t1/runs", body).status_code == 202
+
+
+def test_a_stored_value_json_cannot_hold_reads_as_unreadable():
+    """An agent of its own can still store infinity: the state and the thread
+    read, with that one value shown as unreadable."""
+    _, client = tenant_with_client()
+    client.post("/api/v1/threads", {"thread_id": "t1", "agent": "echo"}, format="json")
+    Thread.objects.filter(thread_id="t1").update(agent_version="1")  # as if it ran
+    thread = Thread.objects.get(thread_id="t1")
+    compile_for(thread).update_state(
+        thread_config(thread), {"text": float("inf"), "echoed": "ok"}, as_node="echo"
+    )
+    state = client.get("/api/v1/threads/t1/state")
+    assert state.status_code == 200, state.content
+    assert state.json()["values"] == {
+        "text": {"unreadable": "not a finite number"},
+        "echoed": "ok",
+    }
+    assert client.get("/api/v1/threads/t1").status_code == 200
