@@ -75,6 +75,10 @@ def get(name: str) -> EventKind:
 
 # Tenancy and access
 TENANT_CREATED = _declare("tenant.created", "tenant {slug} created")
+TENANT_CHANGED = _declare(
+    "tenant.changed",
+    "tenant {slug} changed: {fields} (was {previous_slug}, '{previous_name}')",
+)
 MEMBERSHIP_CREATED = _declare("membership.created", "{username} joined as {role}")
 MEMBERSHIP_CHANGED = _declare("membership.changed", "{username} is now {role}")
 MEMBERSHIP_REMOVED = _declare("membership.removed", "{username} ({role}) removed")
@@ -83,6 +87,9 @@ API_KEY_CREATED = _declare(
     "{key_kind} API key {prefix} '{name}' created with scopes {scopes}",
 )
 API_KEY_REVOKED = _declare("api_key.revoked", "API key {prefix} '{name}' revoked")
+API_KEY_RENAMED = _declare(
+    "api_key.renamed", "API key {prefix} renamed from '{previous}' to '{name}'"
+)
 
 # The trail itself
 # A deleted thread's tombstone: what was removed, when and on whose request,

@@ -44,7 +44,9 @@ class TenantAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if change:
-            super().save_model(request, obj, form, change)
+            services.tenant_update(
+                tenant=obj, slug=obj.slug, name=obj.name, actor=Actor.user(request.user)
+            )
             return
         created = services.tenant_create(
             slug=obj.slug, name=obj.name, actor=Actor.user(request.user)
@@ -175,8 +177,10 @@ class ApiKeyAdmin(TenantScopedAdmin):
         return False  # keys are revoked, never deleted: the audit trail names them
 
     def save_model(self, request, obj, form, change):
-        if change:
-            super().save_model(request, obj, form, change)
+        if change:  # only the name is editable
+            services.api_key_rename(
+                api_key=obj, name=obj.name, actor=Actor.user(request.user)
+            )
             return
         issued = services.api_key_create(
             tenant=form.cleaned_data["tenant"],

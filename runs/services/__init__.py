@@ -12,12 +12,14 @@ from runs.services.runs import (
 from runs.services.tenancy import (
     IssuedApiKey,
     api_key_create,
+    api_key_rename,
     api_key_revoke,
     membership_remove,
     membership_set,
     parse_scopes,
     reviewer_create,
     tenant_create,
+    tenant_update,
 )
 from runs.services.threads import (
     thread_create,
@@ -29,6 +31,7 @@ from runs.services.threads import (
 __all__ = [
     "IssuedApiKey",
     "api_key_create",
+    "api_key_rename",
     "api_key_revoke",
     "membership_remove",
     "membership_set",
@@ -40,6 +43,7 @@ __all__ = [
     "run_retry",
     "run_start",
     "tenant_create",
+    "tenant_update",
     "thread_close",
     "thread_create",
     "thread_fork",

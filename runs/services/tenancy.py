@@ -65,6 +65,31 @@ def _personal_scopes(tenant: Tenant, user, scopes: list[str]) -> list[str]:
 
 
 @transaction.atomic
+def tenant_update(*, tenant: Tenant, slug: str, name: str, actor: Actor) -> Tenant:
+    """Rename a tenant (its slug, its name); audited with what it was."""
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    previous = {"slug": tenant.slug, "name": tenant.name}
+    changed = [field for field, value in (("slug", slug), ("name", name))
+               if previous[field] != value]  # fmt: skip
+    if changed:
+        tenant.slug, tenant.name = slug, name
+        tenant.save(update_fields=changed)
+        record(
+            tenant=tenant,
+            kind=events.TENANT_CHANGED,
+            actor=actor,
+            data={
+                "slug": slug,
+                "name": name,
+                "fields": ", ".join(changed),
+                "previous_slug": previous["slug"],
+                "previous_name": previous["name"],
+            },
+        )
+    return tenant
+
+
+@transaction.atomic
 def api_key_create(
     *, tenant: Tenant, name: str, scopes: list[str], actor: Actor, user=None
 ) -> IssuedApiKey:
@@ -100,6 +125,22 @@ def api_key_create(
         },
     )
     return IssuedApiKey(api_key=api_key, secret=secret)
+
+
+@transaction.atomic
+def api_key_rename(*, api_key: ApiKey, name: str, actor: Actor) -> ApiKey:
+    api_key = ApiKey.objects.select_for_update().get(pk=api_key.pk)
+    previous = api_key.name
+    if name != previous:
+        api_key.name = name
+        api_key.save(update_fields=["name"])
+        record(
+            tenant=api_key.tenant,
+            kind=events.API_KEY_RENAMED,
+            actor=actor,
+            data={"prefix": api_key.prefix, "name": name, "previous": previous},
+        )
+    return api_key
 
 
 @transaction.atomic

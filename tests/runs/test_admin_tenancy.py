@@ -78,3 +78,36 @@ def test_reviewer_cannot_manage_keys():
     reviewer = logged_in(make_member(tenant, role="reviewer").user)
     assert reviewer.get("/admin/runs/apikey/").status_code == 403
     assert reviewer.get("/admin/runs/apikey/add/").status_code == 403
+
+
+def test_renaming_a_tenant_in_the_admin_is_audited():
+    """Issue 16, finding 12: tenant renames in the admin left no trace."""
+    tenant = make_tenant("acme")
+    admin = logged_in(make_member(tenant, role="tenant_admin").user)
+    response = admin.post(
+        f"/admin/runs/tenant/{tenant.pk}/change/", {"slug": "acme", "name": "Evil Corp"}
+    )
+    assert response.status_code == 302, response.content
+    event = AuditEvent.objects.for_tenant(tenant).get(kind="tenant.changed")
+    assert event.summary == "tenant acme changed: name (was acme, 'Acme')"
+    assert event.actor_type == "user" and event.data["name"] == "Evil Corp"
+    admin.post(
+        f"/admin/runs/tenant/{tenant.pk}/change/", {"slug": "acme", "name": "Evil Corp"}
+    )  # no change, no event
+    assert AuditEvent.objects.filter(kind="tenant.changed").count() == 1
+
+
+def test_renaming_a_key_in_the_admin_is_audited():
+    tenant = make_tenant()
+    api_key, _ = make_api_key(tenant, name="billing")
+    admin = logged_in(make_superuser())
+    response = admin.post(
+        f"/admin/runs/apikey/{api_key.pk}/change/", {"name": "refunds"}
+    )
+    assert response.status_code == 302, response.content
+    event = AuditEvent.objects.for_tenant(tenant).get(kind="api_key.renamed")
+    assert (
+        event.summary == f"API key {api_key.prefix} renamed from 'billing' to 'refunds'"
+    )
+    api_key.refresh_from_db()
+    assert api_key.name == "refunds"
