@@ -60,7 +60,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _is_clear_scalar(value: Any) -> bool:
+def is_clear_scalar(value: Any) -> bool:
+    """Whether a value may be kept in clear: a short string, a finite number,
+    a boolean or null; never an object or a list, whatever key it sits under."""
     if isinstance(value, str):
         return len(value) <= MAX_TEXT
     if isinstance(value, float):
@@ -82,7 +84,7 @@ def describe(
     for key, value in (args or {}).items():
         name = str(key)[:MAX_KEY]
         value = _plain(value)
-        if name in safe and _is_clear_scalar(value):
+        if name in safe and is_clear_scalar(value):
             described[name] = value
         else:
             described[name] = digest(value)
@@ -91,7 +93,7 @@ def describe(
 
 def _check_value(key: str, value: Any) -> Any:
     value = _plain(value)
-    if _is_clear_scalar(value):
+    if is_clear_scalar(value):
         return value
     if isinstance(value, str):
         raise ValueError(

@@ -12,6 +12,7 @@ from django.utils.crypto import salted_hmac
 from langgraph.errors import InvalidUpdateError
 
 from audit import events
+from audit.redaction import MAX_TEXT, is_clear_scalar
 from audit.services import Actor, record
 from runs import gates, registry, selectors
 from runs.errors import InvalidRequest, StateConflict
@@ -47,6 +48,14 @@ def _split_metadata(
             f"metadata is stored in clear and may hold only: {allowed_text}",
             field="metadata",
         )
+    for key in sorted(set(metadata) - {SUBJECT_KEY}):
+        if not is_clear_scalar(metadata[key]):
+            raise InvalidRequest(
+                f"metadata {key!r} must be a string of at most {MAX_TEXT} "
+                "characters, a number, a boolean or null: metadata is stored in "
+                "clear and outlives the thread's content",
+                field="metadata",
+            )
     subject = metadata.get(SUBJECT_KEY)
     if subject is not None and (not isinstance(subject, str) or not subject.strip()):
         raise InvalidRequest("subject must be a non-empty string", field="metadata")

@@ -85,3 +85,17 @@ def test_a_stored_value_json_cannot_hold_reads_as_unreadable():
         "echoed": "ok",
     }
     assert client.get("/api/v1/threads/t1").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "value", [{"customer": {"email": "rita@example.com"}}, ["A-1", "A-2"], "x" * 201]
+)
+def test_a_declared_safe_metadata_key_holds_a_short_scalar_only(value):
+    """Issue 16, finding 12: safe-declared metadata is kept in clear after the
+    thread is shredded, so it may not carry an object, a list or a text."""
+    _, client = tenant_with_client()
+    body = {"agent": "refund", "metadata": {"order_id": value}}
+    response = client.post("/api/v1/threads", body, format="json")
+    assert "must be a string of at most 200" in fields_of(response)["metadata"][0]
+    body["metadata"]["order_id"] = "A-1001"
+    assert client.post("/api/v1/threads", body, format="json").status_code == 201
