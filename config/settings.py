@@ -290,6 +290,10 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="gatehouse@localhost"
 GATEHOUSE_MAX_BODY_BYTES = env.int("GATEHOUSE_MAX_BODY_BYTES", default=1_048_576)
 DATA_UPLOAD_MAX_MEMORY_SIZE = GATEHOUSE_MAX_BODY_BYTES
 GATEHOUSE_IDEMPOTENCY_TTL = timedelta(hours=24)
+# Failed API authentications an address may make in a window; past it, 429.
+GATEHOUSE_AUTH_FAILURE_RATE = env.str(
+    "GATEHOUSE_AUTH_FAILURE_RATE", default="30/minute"
+)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.utils import timezone
 from rest_framework import authentication, exceptions
+from rest_framework.throttling import SimpleRateThrottle
 
 from runs.models import ApiKey
 
@@ -34,6 +36,40 @@ class ApiKeyUser:
         return str(self)
 
 
+class AuthenticationFailures(SimpleRateThrottle):
+    """Failed API authentications per client address.
+
+    Past GATEHOUSE_AUTH_FAILURE_RATE, the address is answered 429 (with
+    Retry-After) before any key it sends is even looked up, so that guessing
+    secrets costs a window per few tries. Counted in the cache: with several
+    web processes, set CACHE_URL to Redis so that they share the count.
+    """
+
+    scope = "auth_failures"
+
+    def get_rate(self) -> str:
+        return settings.GATEHOUSE_AUTH_FAILURE_RATE
+
+    def get_cache_key(self, request, view=None) -> str:
+        return self.cache_format % {
+            "scope": self.scope,
+            "ident": self.get_ident(request),
+        }
+
+    def wait_before_trying(self, request) -> float | None:
+        """Seconds the address must wait, or None when it may try."""
+        self.key = self.get_cache_key(request)
+        self.now = self.timer()
+        self.history = [
+            at for at in self.cache.get(self.key, []) if at > self.now - self.duration
+        ]
+        return self.wait() if len(self.history) >= self.num_requests else None
+
+    def record_failure(self) -> None:
+        self.history.insert(0, self.now)
+        self.cache.set(self.key, self.history, self.duration)
+
+
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -46,9 +82,16 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         keyword, _, secret = header.partition(" ")
         if keyword.lower() != self.keyword.lower():
             return None
+        failures = AuthenticationFailures()
+        wait = failures.wait_before_trying(request)
+        if wait is not None:
+            raise exceptions.Throttled(
+                wait, detail="Too many failed authentications from this address."
+            )
         secret = secret.strip()
         prefix, dot, _ = secret.partition(".")
         if not dot or not prefix:
+            failures.record_failure()
             raise exceptions.AuthenticationFailed("Malformed API key.")
         api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
         # The same message for unknown, wrong and revoked keys: a caller learns
@@ -60,6 +103,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             # A personal key lives only as long as its owner's membership.
             or (api_key.is_personal and api_key.owner_membership is None)
         ):
+            failures.record_failure()
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
         now = timezone.now()
         if (

@@ -315,3 +315,21 @@ def test_every_unsafe_api_endpoint_honours_idempotency_keys_or_says_why_not():
         and not getattr(cls, "idempotency_exempt", "")
     ]
     assert neither == []
+
+
+@override_settings(GATEHOUSE_AUTH_FAILURE_RATE="5/minute")
+def test_failed_authentication_is_throttled_per_client_address():
+    """Issue 16, finding 7: failed API authentication was never throttled."""
+    tenant = make_tenant()
+    _, secret = make_api_key(tenant)
+    guesser = api_client("gh_XXXXXXXXX.wrong")
+    for _ in range(5):
+        response = guesser.get("/api/v1/agents", REMOTE_ADDR="203.0.113.7")
+        assert_error(response, 401, "authentication_failed")
+    throttled = guesser.get("/api/v1/agents", REMOTE_ADDR="203.0.113.7")
+    assert_error(throttled, 429, "throttled")
+    assert int(throttled["Retry-After"]) > 0
+    # Even a right key from that address waits; other addresses do not.
+    right = api_client(secret)
+    assert right.get("/api/v1/agents", REMOTE_ADDR="203.0.113.7").status_code == 429
+    assert right.get("/api/v1/agents", REMOTE_ADDR="198.51.100.2").status_code == 200
