@@ -1,7 +1,6 @@
 """The scheduled jobs: what each does, in bounded batches, and the runner.
 
-Every job is a function `(now, batch_size, dry_run, deadline, progress) ->
-SweepResult` that works in batches, each one transaction that locks its rows
+Every job is a function `(Sweep) -> SweepResult` that works in batches, each one transaction that locks its rows
 FOR UPDATE SKIP LOCKED (Postgres): two runs at once never handle one row
 twice and never wait for each other, and a run killed midway loses only its
 open batch, which the next run does again. A dry run reads the same rows
@@ -52,9 +51,33 @@ def _out_of_time(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() > deadline
 
 
-def _tick(progress: Progress | None, count: int) -> None:
-    if progress is not None and count:
-        progress(count)
+@dataclass(frozen=True)
+class Sweep:
+    """One run of a job: the time it takes as now, its batch size, whether it
+    only plans (a dry run), when it must stop, and whom to tell of progress."""
+
+    now: datetime
+    batch_size: int
+    dry_run: bool = False
+    deadline: float | None = None
+    progress: Progress | None = None
+
+    def out_of_time(self) -> bool:
+        return _out_of_time(self.deadline)
+
+    def tick(self, count: int) -> None:
+        if self.progress is not None and count:
+            self.progress(count)
+
+    def options(self) -> dict:
+        """As the keyword arguments of the sweeps of other apps."""
+        return {
+            "now": self.now,
+            "batch_size": self.batch_size,
+            "dry_run": self.dry_run,
+            "deadline": self.deadline,
+            "progress": self.progress,
+        }
 
 
 def _tenants(*, skip_held: bool = True) -> list[Tenant]:
@@ -96,20 +119,13 @@ def expirable_threads(tenant: Tenant, now: datetime):
     )
 
 
-def expire_threads(
-    *,
-    now: datetime | None = None,
-    batch_size: int = 50,
-    dry_run: bool = False,
-    deadline: float | None = None,
-    progress: Progress | None = None,
-) -> SweepResult:
+def expire_threads(sweep: Sweep) -> SweepResult:
     """Shred and remove threads idle past their TTL; their audit trail stays."""
-    now = now or timezone.now()
+    now = sweep.now
     result = SweepResult()
     for tenant in _tenants():
         candidates = expirable_threads(tenant, now)
-        if dry_run:
+        if sweep.dry_run:
             found = candidates.annotate(
                 checkpoint_rows=Count("checkpoints")
             ).values_list("thread_id", "checkpoint_rows")
@@ -121,7 +137,7 @@ def expire_threads(
                 )
             continue
         cursor = 0
-        while not _out_of_time(deadline):
+        while not sweep.out_of_time():
             with transaction.atomic():
                 if services.tenant_on_hold(tenant, lock=True):
                     break  # placed since the run started
@@ -129,7 +145,7 @@ def expire_threads(
                     candidates.filter(pk__gt=cursor)
                     .select_related("tenant")
                     .select_for_update(skip_locked=True, of=("self",))
-                    .order_by("pk")[:batch_size]
+                    .order_by("pk")[: sweep.batch_size]
                 )
                 if not batch:
                     break
@@ -145,7 +161,7 @@ def expire_threads(
                 if busy:
                     result.add(tenant.pk, "threads_busy", len(busy))
                 cursor = batch[-1].pk
-            _tick(progress, len(batch))
+            sweep.tick(len(batch))
     return result
 
 
@@ -162,14 +178,7 @@ def _prunable(tenant: Tenant):
     )
 
 
-def prune_checkpoints(
-    *,
-    now: datetime | None = None,
-    batch_size: int = 50,
-    dry_run: bool = False,
-    deadline: float | None = None,
-    progress: Progress | None = None,
-) -> SweepResult:
+def prune_checkpoints(sweep: Sweep) -> SweepResult:
     """Keep each thread's latest N checkpoints (its tenant's policy).
 
     Threads with a queued or running run are left for the next run; the
@@ -179,15 +188,15 @@ def prune_checkpoints(
     """
     result = SweepResult()
     for tenant in _tenants():
-        _prune_tenant(result, tenant, batch_size, dry_run, deadline, progress)
+        _prune_tenant(sweep, result, tenant)
     return result
 
 
-def _prune_tenant(result, tenant, batch_size, dry_run, deadline, progress) -> None:
+def _prune_tenant(sweep: Sweep, result: SweepResult, tenant: Tenant) -> None:
     keep = services.policy_for(tenant).keep_latest_checkpoints
     threads = _prunable(tenant)
     cursor = 0
-    while not _out_of_time(deadline):
+    while not sweep.out_of_time():
         page = list(
             threads.filter(pk__gt=cursor)
             .order_by("pk")
@@ -202,11 +211,11 @@ def _prune_tenant(result, tenant, batch_size, dry_run, deadline, progress) -> No
                 for row in selectors.namespaces_over(thread_pks=page, keep=keep)
             }
         )
-        for start in range(0, len(over), batch_size):
-            if _out_of_time(deadline):
+        for start in range(0, len(over), sweep.batch_size):
+            if sweep.out_of_time():
                 return
-            chunk = over[start : start + batch_size]
-            if dry_run:
+            chunk = over[start : start + sweep.batch_size]
+            if sweep.dry_run:
                 _plan_prune(result, tenant, chunk, keep)
                 continue
             with transaction.atomic():
@@ -228,7 +237,7 @@ def _prune_tenant(result, tenant, batch_size, dry_run, deadline, progress) -> No
                 skipped = len(chunk) - len(locked)
                 if skipped:
                     result.add(tenant.pk, "threads_busy", skipped)
-            _tick(progress, len(chunk))
+            sweep.tick(len(chunk))
 
 
 def _plan_prune(result: SweepResult, tenant: Tenant, thread_pks, keep: int) -> None:
@@ -246,27 +255,22 @@ def _plan_prune(result: SweepResult, tenant: Tenant, thread_pks, keep: int) -> N
 # --- approvals ---------------------------------------------------------------------
 
 
-def escalate_approvals(**options) -> SweepResult:
+def escalate_approvals(sweep: Sweep) -> SweepResult:
     """Remind, escalate and finally expire unanswered approval requests."""
-    return approvals_escalate(**options)
+    return approvals_escalate(**sweep.options())
 
 
-def close_orphaned_approvals(*, now=None, **options) -> SweepResult:
+def close_orphaned_approvals(sweep: Sweep) -> SweepResult:
     """Close pending approvals whose thread, run or agent version is gone."""
+    options = sweep.options()
+    del options["now"]  # an orphan is one whatever the time
     return approvals_close_orphaned(**options)
 
 
 # --- deletion requests ---------------------------------------------------------------
 
 
-def carry_out_deletions(
-    *,
-    now: datetime | None = None,
-    batch_size: int = 50,
-    dry_run: bool = False,
-    deadline: float | None = None,
-    progress: Progress | None = None,
-) -> SweepResult:
+def carry_out_deletions(sweep: Sweep) -> SweepResult:
     """Remove the rows of requested deletions, a batch of threads at a time.
 
     Requests on hold are looked at too: once their hold is lifted, they go
@@ -277,7 +281,7 @@ def carry_out_deletions(
         status__in=DeletionRequest.OPEN
     ).order_by("created_at", "pk")
     cursor = None
-    while not _out_of_time(deadline):
+    while not sweep.out_of_time():
         queryset = open_requests
         if cursor is not None:
             queryset = queryset.filter(
@@ -287,11 +291,13 @@ def carry_out_deletions(
         if request is None:
             break
         cursor = (request.created_at, request.pk)
-        if dry_run:
+        if sweep.dry_run:
             _plan_deletion(result, request)
             continue
-        while not _out_of_time(deadline):
-            step = services.deletion_carry_out(request=request, batch_size=batch_size)
+        while not sweep.out_of_time():
+            step = services.deletion_carry_out(
+                request=request, batch_size=sweep.batch_size
+            )
             if step is None:
                 break  # another sweep holds it, or it is no longer open
             for counts in step.removed.values():
@@ -300,7 +306,7 @@ def carry_out_deletions(
                     result.add(request.tenant_id, name, rows)
             if step.busy:
                 result.add(request.tenant_id, "threads_busy", step.busy)
-            _tick(progress, len(step.removed))
+            sweep.tick(len(step.removed))
             if step.request.status == DeletionRequest.Status.COMPLETED:
                 result.add(request.tenant_id, "requests_completed")
             if not step.removed or not step.request.is_open:
@@ -329,85 +335,64 @@ def _plan_deletion(result: SweepResult, request: DeletionRequest) -> None:
 # --- runs whose lease expired ------------------------------------------------------
 
 
-def recover_runs(
-    *,
-    now: datetime | None = None,
-    batch_size: int = 50,
-    dry_run: bool = False,
-    deadline: float | None = None,
-    progress: Progress | None = None,
-) -> SweepResult:
+def recover_runs(sweep: Sweep) -> SweepResult:
     """Re-dispatch runs whose lease expired (runs.dispatch.runs_recover_stalled).
 
     Counted per tenant before dispatching; the worker that claims a run takes
     it over from its last checkpoint and records `run.recovered`.
     """
-    now = now or timezone.now()
+    now = sweep.now
     result = SweepResult()
     expired = selectors.expired_leases(now=now).values_list(
         "tenant_id", "tenant__slug", "thread__thread_id", "id"
-    )[:batch_size]
+    )[: sweep.batch_size]
     for tenant_id, slug, thread_id, run_id in expired:
         result.add(tenant_id, "expired_leases")
         result.plan.append(
             f"re-dispatch run {run_id} ({slug}/{thread_id}): lease expired"
         )
-    if not dry_run:
-        dispatched = dispatch.runs_recover_stalled(batch_size=batch_size)
-        _tick(progress, sum(dispatched.values()))
+    if not sweep.dry_run:
+        dispatched = dispatch.runs_recover_stalled(batch_size=sweep.batch_size)
+        sweep.tick(sum(dispatched.values()))
     return result
 
 
 # --- the audit trail ------------------------------------------------------------------
 
 
-def seal_audit(
-    *,
-    now: datetime | None = None,
-    batch_size: int = 50,
-    dry_run: bool = False,
-    deadline: float | None = None,
-    progress: Progress | None = None,
-) -> SweepResult:
+def seal_audit(sweep: Sweep) -> SweepResult:
     """Seal new audit events into each tenant's hash chain (audit.sealing)."""
     result = SweepResult()
-    if dry_run:
+    if sweep.dry_run:
         for tenant_id, slug, unsealed in audit_selectors.unsealed_counts():
             result.add(tenant_id, "events_sealed", unsealed)
             result.plan.append(f"seal {unsealed} audit event(s) of {slug}")
         return result
     for tenant_id in sealing.pending_tenant_ids():
-        while not _out_of_time(deadline):
+        while not sweep.out_of_time():
             sealed = sealing.seal_tenant(tenant_id=tenant_id)
             if sealed:
                 result.add(tenant_id, "blocks_sealed")
                 result.add(tenant_id, "events_sealed", sealed)
-                _tick(progress, sealed)
+                sweep.tick(sealed)
             if sealed < sealing.MAX_BLOCK_EVENTS:
                 break
     return result
 
 
-def purge_audit(
-    *,
-    now: datetime | None = None,
-    batch_size: int = 50,
-    dry_run: bool = False,
-    deadline: float | None = None,
-    progress: Progress | None = None,
-) -> SweepResult:
+def purge_audit(sweep: Sweep) -> SweepResult:
     """Purge sealed audit events past each tenant's audit retention.
 
     Whole sealed blocks only, so the chain stays verifiable; the purge
     leaves its own `audit.purged` event. Tenants under legal hold keep all.
     """
-    now = now or timezone.now()
+    now = sweep.now
     result = SweepResult()
     for tenant in _tenants():
-        if _out_of_time(deadline):
+        if sweep.out_of_time():
             break
         before = now - services.policy_for(tenant).audit_retention
-        if dry_run:
+        if sweep.dry_run:
             purgeable = audit_selectors.purgeable_events(tenant=tenant, before=before)
             if purgeable is not None and purgeable[1]:
                 cut, old = purgeable
@@ -426,7 +411,7 @@ def purge_audit(
         if purged.events:
             result.add(tenant.pk, "events_purged", purged.events)
             result.add(tenant.pk, "blocks_purged", purged.blocks)
-            _tick(progress, purged.events)
+            sweep.tick(purged.events)
     return result
 
 
@@ -436,7 +421,7 @@ def purge_audit(
 @dataclass(frozen=True)
 class Job:
     name: str
-    function: Callable[..., SweepResult]
+    function: Callable[[Sweep], SweepResult]
     # The Celery task beat runs for it (retention/migrations/0003_beat_schedule).
     task: str
     summary: str
@@ -552,11 +537,13 @@ def job_run(
     started = time.monotonic()
     deadline = started + time_budget if time_budget else None
     result = job.function(
-        now=now,
-        batch_size=batch_size or settings.GATEHOUSE_RETENTION_BATCH_SIZE,
-        dry_run=dry_run,
-        deadline=deadline,
-        progress=progress,
+        Sweep(
+            now=now or timezone.now(),
+            batch_size=batch_size or settings.GATEHOUSE_RETENTION_BATCH_SIZE,
+            dry_run=dry_run,
+            deadline=deadline,
+            progress=progress,
+        )
     )
     report = JobReport(
         job=name,

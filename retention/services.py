@@ -413,19 +413,14 @@ def _accept(
         "threads_on_hold": len(held),
     }
     request.save(update_fields=["status", "record", "updated_at"])
-    record(
-        tenant=request.tenant,
-        kind=events.DELETION_REQUESTED,
-        actor=actor,
-        thread_id=request.thread_ref,
-        action="delete",
-        data={
-            "deletion_request": str(request.pk),
-            "target": target,
-            "kind": request.kind,
-            "threads": len(threads),
-            "status": request.status,
-        },
+    _deletion_event(
+        request,
+        events.DELETION_REQUESTED,
+        actor,
+        target=target,
+        kind=request.kind,
+        threads=len(threads),
+        status=request.status,
     )
     _schedule_carry_out(request.pk)
     return request
@@ -574,19 +569,29 @@ def deletion_carry_out(
             request.status = DeletionRequest.Status.SHREDDED
         request.save(update_fields=["status", "record", "completed_at", "updated_at"])
         if request.status == DeletionRequest.Status.COMPLETED:
-            record(
-                tenant=request.tenant,
-                kind=events.DELETION_COMPLETED,
-                actor=RETENTION,
-                thread_id=request.thread_ref,
-                action="delete",
-                data={
-                    "deletion_request": str(request.pk),
-                    "threads": len(threads_done),
-                    **{f"removed_{name}": rows for name, rows in totals.items()},
-                },
+            _deletion_event(
+                request,
+                events.DELETION_COMPLETED,
+                RETENTION,
+                threads=len(threads_done),
+                **{f"removed_{name}": rows for name, rows in totals.items()},
             )
         return CarryOutStep(request=request, removed=removed, busy=len(busy))
+
+
+def _deletion_event(
+    request: DeletionRequest, event: events.EventKind, actor: Actor, **data
+) -> None:
+    """Record an event about a deletion request: it names the request and the
+    thread it is for (a subject request names none)."""
+    record(
+        tenant=request.tenant,
+        kind=event,
+        actor=actor,
+        thread_id=request.thread_ref,
+        action="delete",
+        data={"deletion_request": str(request.pk), **data},
+    )
 
 
 def _schedule_carry_out(request_pk) -> None:
