@@ -22,7 +22,7 @@ from runs.actions import ArgsInvalid
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.gates import is_gate
-from runs.models import Run
+from runs.models import Run, Thread
 from runs.services import run_resume
 from runs.signals import InterruptRejected
 
@@ -340,6 +340,15 @@ def approval_decide(
         raise StateConflict(
             f"this request is already {request.status}", code="already_decided"
         )
+    # The lock order everywhere: the request, its thread, and the tenant's
+    # audit sequence last (record() takes it). A worker claiming or finishing
+    # a run of this thread holds the thread while it records; taking the
+    # sequence first here would deadlock with it.
+    list(
+        Thread.objects.select_for_update()
+        .filter(pk=request.thread_id)
+        .values_list("pk", flat=True)
+    )
     cipher = ThreadCipher.for_thread(request.thread)
     original = payload_of(request, cipher)["args"]
     earlier = list(request.decisions.all())
