@@ -57,3 +57,11 @@ screenshots: $(VENV)/.dev
 
 bench-audit: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/audit.py
+
+.PHONY: bench-peers
+
+# Gatehouse beside DBOS Transact and plain LangGraph on the refund case (own
+# databases; Redis: the db of CELERY_BROKER_URL, flushed, else db 13); about
+# 15 minutes, or a short run: make bench-peers ARGS=--quick.
+bench-peers: $(VENV)/.dev
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/peers.py $(ARGS)
