@@ -428,15 +428,10 @@ def _machine() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         postgres = cursor.fetchone()[0]
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    from bench.benchmarks_doc import cpu_model, load_average
+
+    cpu = cpu_model()
+    load = load_average()
     return (
         f"{cpu}, {os.cpu_count()} cores (load average at the start: {load}); "
         f"Python {platform.python_version()}, "

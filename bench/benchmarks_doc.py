@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 from pathlib import Path
 
@@ -28,3 +30,19 @@ def write_section(title: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + section
     DOC.write_text(text.rstrip() + "\n")
+
+
+def cpu_model() -> str:
+    """The processor's name (Linux), else its architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as a benchmark notes them."""
+    return ", ".join(f"{value:.1f}" for value in os.getloadavg())

@@ -533,15 +533,11 @@ class Bench:
 
 
 def _machine() -> dict[str, str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     from django.db import connection
+
+    from bench.benchmarks_doc import cpu_model, load_average
+
+    cpu = cpu_model()
 
     with connection.cursor() as cur:
         cur.execute("SHOW server_version")
@@ -556,7 +552,7 @@ def _machine() -> dict[str, str]:
         "pycryptodome",
         "ormsgpack",
     ]
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    load = load_average()
     return {
         "load": load,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from benchmarks_doc import cpu_model, load_average, write_section  # noqa: E402
 from peers_common import (  # noqa: E402
     MEASURES,
     latency_samples,
@@ -448,23 +449,11 @@ def slow_poll_phase(stack, api_key: str, args, cases: Cases) -> dict:
 
 
 def machine() -> str:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return (
-        f"{model or platform.machine()}, {os.cpu_count()} cores, "
+        f"{cpu_model()}, {os.cpu_count()} cores, "
         f"Linux {platform.release()}; Python {platform.python_version()}; "
         "PostgreSQL and Redis on the same machine"
     )
-
-
-def load_average() -> str:
-    return ", ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 def versions() -> str:
@@ -602,8 +591,6 @@ def main() -> None:
     text = report(settings, results)
     print(text)
     if not args.no_doc:
-        from benchmarks_doc import write_section
-
         write_section(f"Side by side, {'quick' if args.quick else 'full'} run", text)
 
 

@@ -85,7 +85,7 @@ class Provider:
 
 def plan_refund(messages: list) -> Any:
     """The demo agent's planner model: the same work as its plan step."""
-    from runs.agents.fake_model import RefundPlannerModel
+    from demo.agents.fake_model import RefundPlannerModel
 
     return RefundPlannerModel().invoke(messages)
 

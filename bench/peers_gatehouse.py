@@ -93,6 +93,7 @@ def production_env(database_url: str, redis_url: str) -> dict[str, str]:
         "CACHE_URL": redis_url.replace("redis://", "rediscache://", 1),
         "SECRET_KEY": "bench-peers-" + base64.b64encode(os.urandom(24)).decode(),
         "GATEHOUSE_MASTER_KEYS": "bench:" + base64.b64encode(os.urandom(32)).decode(),
+        "GATEHOUSE_AUDIT_KEYS": "bench:" + base64.b64encode(os.urandom(32)).decode(),
         # Counted and checked as in production, never in the way.
         "GATEHOUSE_THROTTLE_RATE": "1000000/minute",
         "ALLOWED_HOSTS": "127.0.0.1",

@@ -387,21 +387,15 @@ def _inside(at: float, windows) -> bool:
 
 def _machine(env: dict[str, str]) -> dict[str, str]:
     import psycopg
+    from benchmarks_doc import cpu_model, load_average
 
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     with psycopg.connect(env["DATABASE_URL"]) as conn:
         server = conn.execute("SHOW server_version").fetchone()[0]
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{cpu}, {os.cpu_count()} cores",
-        "load": ", ".join(f"{load:.1f}" for load in os.getloadavg()),
+        "load": load_average(),
         "python": platform.python_version(),
         "postgres": server,
     }
