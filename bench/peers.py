@@ -317,10 +317,16 @@ def count_per_run(peer, tally: Tally, runs: int, cases: Cases) -> dict:
     time.sleep(STRAGGLER_SECONDS)
     batch = tally.snapshot() - before
     elapsed = time.monotonic() - started
+
+    def per_run(key: str) -> float:
+        return max(0.0, batch[key] - idle[key] / idle_seconds * elapsed) / runs
+
     return {
-        **{
-            key: max(0.0, batch[key] - idle[key] / idle_seconds * elapsed) / runs
-            for key in COUNTED
+        **{key: per_run(key) for key in COUNTED},
+        "statement_kinds": {
+            key.removeprefix("statement:"): per_run(key)
+            for key in batch
+            if key.startswith("statement:")
         },
         "background_transactions": idle["transactions"] / idle_seconds,
         "requests": _mean(samples, "requests"),

@@ -29,8 +29,11 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlencode
+
+from peers_common import refund_request
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -367,8 +370,6 @@ class GatehouseClient:
             time.sleep(self.interval)
 
     def flow(self, case: int) -> dict:
-        from peers_common import refund_request
-
         thread_id = f"peers-{case}"
         self.request(
             "POST", "/api/v1/threads", {"thread_id": thread_id, "agent": "refund"}
@@ -408,8 +409,6 @@ class GatehouseClient:
 
 def run_times(run: dict) -> dict:
     """Seconds a run waited to be claimed and then executed, from its timestamps."""
-    from datetime import datetime
-
     created, started, ended = (
         datetime.fromisoformat(run[name].replace("Z", "+00:00"))
         for name in ("created_at", "started_at", "ended_at")

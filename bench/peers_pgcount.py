@@ -9,7 +9,8 @@ counts, since a proxy in the path costs time) to learn, per complete run:
   a statement that writes from a `WITH` clause) are counted apart;
 - round trips: ReadyForQuery messages, one per Sync or simple Query (a
   pipeline sends several before it waits, so this is an upper bound);
-- statements (command tags) and connections opened.
+- statements (command tags), by kind (`UPDATE audit_auditsequence`,
+  `SAVEPOINT`, `SELECT 1`...), and connections opened.
 
 `pg_stat_database` would be simpler but counts more than the engine's own
 work: an idle backend that falls behind on the catalog invalidations that
@@ -51,6 +52,32 @@ def proxied_url(url: str, port: int) -> str:
         filter(None, [parts.query, "sslmode=disable", "gssencmode=disable"])
     )
     return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}", query=query))
+
+
+_TABLE = r'"?(\w+)"?(?:\."?(\w+)"?)?'
+_KINDS = [
+    (re.compile(r"^\s*SELECT\s+1\s*$", re.IGNORECASE), None),
+    (
+        re.compile(rf"^\s*WITH\b.*?\bINSERT\s+INTO\s+{_TABLE}", re.I | re.S),
+        "WITH…INSERT",
+    ),
+    (re.compile(rf"^\s*INSERT\s+INTO\s+{_TABLE}", re.I), "INSERT"),
+    (re.compile(rf"^\s*UPDATE\s+{_TABLE}", re.I), "UPDATE"),
+    (re.compile(rf"^\s*DELETE\s+FROM\s+{_TABLE}", re.I), "DELETE"),
+    (re.compile(rf"^\s*SELECT\b.*?\bFROM\s+{_TABLE}", re.I | re.S), "SELECT"),
+]
+
+
+def statement_kind(tag: str, sql: str) -> str:
+    """`SAVEPOINT`, `SELECT 1`, `UPDATE audit_auditsequence`: what a statement was."""
+    for pattern, verb in _KINDS:
+        match = pattern.match(sql)
+        if match:
+            if verb is None:
+                return "SELECT 1"
+            schema, table = match.groups()[-2:]
+            return f"{verb} {f'{schema}.{table}' if table else schema}"
+    return tag.split(" ", 1)[0]
 
 
 class Tally:
@@ -103,6 +130,7 @@ class _Connection:
                 self.wrote = True
             with self.tally.lock:
                 self.tally.counts["statements"] += 1
+                self.tally.counts[f"statement:{statement_kind(tag, sql)}"] += 1
                 if verb == "ROLLBACK":
                     self.tally.counts["rollbacks"] += 1
         elif kind == b"I":  # EmptyQueryResponse

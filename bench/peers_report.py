@@ -189,6 +189,19 @@ def table_detail(counts: dict) -> list[str]:
     return lines
 
 
+def statement_detail(counts: dict, shown: int = 12) -> list[str]:
+    lines = []
+    for engine, count in counts.items():
+        ranked = sorted(count["statement_kinds"].items(), key=lambda item: -item[1])
+        parts = [
+            f"{kind} {per_run:.1f}"
+            for kind, per_run in ranked[:shown]
+            if per_run >= 0.05
+        ]
+        lines.append(f"- {TITLES[engine]}: {', '.join(parts)}.")
+    return lines
+
+
 def web_detail(timings: dict) -> list[str]:
     total = sum(sum(times) for times in timings.values())
     if not total:
@@ -312,6 +325,10 @@ def report(settings: dict, results: dict) -> str:
         "Rows per complete run, by table (inserted+updated):",
         "",
         *table_detail(results["counts"]),
+        "",
+        "Statements per complete run, the most frequent kinds:",
+        "",
+        *statement_detail(results["counts"]),
         *_count_note(results),
     ]
     if results["throughput"]:
