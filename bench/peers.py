@@ -63,6 +63,7 @@ from peers_common import (  # noqa: E402
     throughput,
 )
 from peers_gatehouse import (  # noqa: E402
+    WEB_SERVERS,
     GatehouseClient,
     GatehouseStack,
     production_env,
@@ -238,7 +239,7 @@ class GatehousePeer:
             samples.append(sample)
             return sample
 
-        offset = self.stack.access_log_offset()
+        mark = self.client.timing_mark()
         cpu_before = self.stack.cpu_seconds()
         window = throughput(flow, runs, concurrency, first)
         cpu_after = self.stack.cpu_seconds()
@@ -246,7 +247,7 @@ class GatehousePeer:
         window["cpu"] = {
             tier: cpu_after[tier] - cpu_before[tier] for tier in cpu_before
         }
-        window["web"] = self.stack.web_timings(offset)
+        window["web"] = self.client.timings_since(mark)
         return window
 
     def stop(self) -> None:
@@ -505,12 +506,17 @@ def parse_args() -> argparse.Namespace:
         default=0.01,
         help="seconds between the Gatehouse client's status checks (0.01)",
     )
-    parser.add_argument("--web-server", choices=("wsgi", "asgi"), default="wsgi")
+    parser.add_argument(
+        "--web-server",
+        choices=sorted(WEB_SERVERS),
+        default="asgi",
+        help="how Gatehouse's web process is served (asgi: as README.md says)",
+    )
     parser.add_argument(
         "--web-workers",
         type=int,
-        default=2 * (os.cpu_count() or 1) + 1,
-        help="gunicorn workers (2 × cores + 1, gunicorn's advice)",
+        default=4,
+        help="gunicorn workers (4, README.md's production example)",
     )
     parser.add_argument(
         "--redis-url",
@@ -580,12 +586,12 @@ def main() -> None:
         for peer in peers[1:]:
             peer.latency(3, cases.take(3))  # warm-up
         print("latency rounds...", flush=True)
-        offset = stack.access_log_offset()
+        mark = client.timing_mark()
         samples = latency_rounds(peers, args.rounds, args.per_round, cases)
         results["latency"] = {name: summarise(s) for name, s in samples.items()}
-        polls = stack.web_timings(offset).get("poll run")
+        polls = client.timings_since(mark).get("poll run")
         if polls and results["status_cost"]:
-            results["status_cost"]["server_p50"] = statistics.median(polls)
+            results["status_cost"]["p50"] = statistics.median(polls)
         results["throughput"] = throughput_phase(peers, args, cases)
         if args.wait == "poll":
             results["slow_poll"] = slow_poll_phase(stack, api_key, args, cases)

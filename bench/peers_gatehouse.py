@@ -37,21 +37,20 @@ from peers_common import refund_request
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The production web server, as docs/configuration.md and README.md describe it;
-# `--web-server` picks one. Each entry is the argv before bind/worker options.
+# The production web server, as README.md (Production) and docs/configuration.md
+# (The web server) start it; `--web-server` picks one. Each is the argv before
+# --bind and --workers.
 WEB_SERVERS = {
-    "wsgi": [sys.executable, "-m", "gunicorn", "config.wsgi:application"],
     "asgi": [
         sys.executable,
         "-m",
         "gunicorn",
+        "-c",
+        "config/gunicorn_conf.py",
         "config.asgi:application",
-        "-k",
-        "uvicorn_worker.UvicornWorker",
     ],
+    "wsgi": [sys.executable, "-m", "gunicorn", "config.wsgi:application"],
 }
-# gunicorn's access log: method, path, status, time taken in microseconds.
-ACCESS_LOG_FORMAT = "%(m)s %(U)s %(s)s %(D)s"
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -99,6 +98,9 @@ def production_env(database_url: str, redis_url: str) -> dict[str, str]:
         "GATEHOUSE_AUDIT_KEYS": "bench:" + base64.b64encode(os.urandom(32)).decode(),
         # Counted and checked as in production, never in the way.
         "GATEHOUSE_THROTTLE_RATE": "1000000/minute",
+        # Plain http on the loopback: production terminates TLS in a proxy in
+        # front (not measured here) and would redirect this client.
+        "SECURE_SSL_REDIRECT": "false",
         "ALLOWED_HOSTS": "127.0.0.1",
         "LOG_LEVEL": "WARNING",
     }
@@ -125,7 +127,6 @@ class GatehouseStack:
         self.label = label
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.access_log = log_dir / f"gatehouse-{label}-access.log"
         self.web: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
 
@@ -187,10 +188,6 @@ class GatehouseStack:
                 f"127.0.0.1:{self.port}",
                 "--workers",
                 str(self.web_workers),
-                "--access-logfile",
-                str(self.access_log),
-                "--access-logformat",
-                ACCESS_LOG_FORMAT,
             ],
             f"gatehouse-{self.label}-web.log",
         )
@@ -267,25 +264,6 @@ class GatehouseStack:
             "workers": sum(process_tree_cpu(w.pid) for w in self.workers),
         }
 
-    def access_log_offset(self) -> int:
-        return self.access_log.stat().st_size if self.access_log.exists() else 0
-
-    def web_timings(self, since: int) -> dict[str, list]:
-        """Server-side request times (seconds) by endpoint since an offset."""
-        by_endpoint: dict[str, list] = defaultdict(list)
-        with open(self.access_log) as log:
-            log.seek(since)
-            for line in log:
-                parts = line.split()
-                if len(parts) != 4 or not parts[3].isdigit():
-                    continue
-                method, path, status, micros = parts
-                name = endpoint_name(method, path)
-                if not status.startswith("2"):
-                    name = f"{name} ({status})"
-                by_endpoint[name].append(int(micros) / 1e6)
-        return dict(by_endpoint)
-
 
 _ENDPOINTS = [
     (r"POST /api/v1/threads$", "create thread"),
@@ -310,7 +288,11 @@ class ApiError(RuntimeError):
 
 
 class GatehouseClient:
-    """The refund case over REST; one keep-alive connection per client thread."""
+    """The refund case over REST; one keep-alive connection per client thread.
+
+    `timings` collects each request's time as the client saw it, by endpoint
+    (`endpoint_name`), for the report's breakdown of the web tier.
+    """
 
     def __init__(
         self, base_url: str, api_key: str, *, waiter: str, interval: float
@@ -323,6 +305,7 @@ class GatehouseClient:
         self.waiter = waiter
         self.interval = interval
         self.local = threading.local()
+        self.timings: dict[str, list[float]] = defaultdict(list)
 
     def request(self, method: str, path: str, body: dict | None = None) -> dict:
         for attempt in (1, 2):
@@ -333,6 +316,7 @@ class GatehouseClient:
                 )
                 self.local.connection = connection
             try:
+                started = time.perf_counter()
                 connection.request(
                     method,
                     path,
@@ -341,6 +325,9 @@ class GatehouseClient:
                 )
                 response = connection.getresponse()
                 payload = response.read()
+                self.timings[endpoint_name(method, path.split("?", 1)[0])].append(
+                    time.perf_counter() - started
+                )
             except (ConnectionError, http.client.HTTPException):
                 # The server closed an idle keep-alive connection: reconnect once.
                 connection.close()
@@ -352,6 +339,16 @@ class GatehouseClient:
                 raise ApiError(f"{method} {path}: {response.status} {payload[:300]!r}")
             return json.loads(payload) if payload else {}
         raise AssertionError("unreachable")
+
+    def timing_mark(self) -> dict[str, int]:
+        return {name: len(times) for name, times in self.timings.items()}
+
+    def timings_since(self, mark: dict[str, int]) -> dict[str, list[float]]:
+        return {
+            name: times[mark.get(name, 0) :]
+            for name, times in self.timings.items()
+            if len(times) > mark.get(name, 0)
+        }
 
     def _until(self, thread_id: str, run_id: str, wanted: str) -> tuple[dict, int]:
         """Wait for the run to reach `wanted`; the run's last view and the calls."""

@@ -205,9 +205,9 @@ def statement_detail(counts: dict, shown: int = 12) -> list[str]:
 def web_detail(timings: dict) -> list[str]:
     total = sum(sum(times) for times in timings.values())
     if not total:
-        return ["(no server timings: the web server's access log had none)"]
+        return ["(no requests recorded)"]
     lines = [
-        "| request | count | server time p50 | share of web time |",
+        "| request | count | time p50 (as the client saw it) | share of request time |",
         "|---|---:|---:|---:|",
     ]
     for name, times in sorted(timings.items(), key=lambda item: -sum(item[1])):
@@ -281,8 +281,8 @@ def _count_note(results: dict) -> list[str]:
             f"; one status check costs {cost['transactions']:.1f} transactions "
             f"and {cost['round_trips']:.1f} round trips"
         )
-        if cost.get("server_p50") is not None:
-            text += f", {ms(cost['server_p50'])} of server time (p50, one at a time)"
+        if cost.get("p50") is not None:
+            text += f", {ms(cost['p50'])} as the client sees it (p50, one at a time)"
     background = counts.get("dbos", {}).get("background_transactions", 0.0)
     text += (
         f". DBOS's idle background (its queue and notification pollers: "
@@ -340,7 +340,8 @@ def report(settings: dict, results: dict) -> str:
             *run_timing_detail(results),
             "",
             f"Web requests in the throughput phase with {processes(first)} "
-            "(gunicorn's access log):",
+            "(each request timed by the client: the server's time plus any queueing "
+            "for a web worker):",
             "",
             *web_detail(results["throughput"][first]["gatehouse"]["web"]),
         ]
