@@ -172,6 +172,7 @@ class CountingProxy:
         self.server = (server_host, server_port)
         self.tally = Tally()
         self.loop = asyncio.new_event_loop()
+        self.writers: set[asyncio.StreamWriter] = set()
         self.port = 0
         started = threading.Event()
         self.thread = threading.Thread(
@@ -182,15 +183,16 @@ class CountingProxy:
 
     def _serve(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        listener = self.loop.run_until_complete(
+        self.listener = self.loop.run_until_complete(
             asyncio.start_server(self._client, "127.0.0.1", 0)
         )
-        self.port = listener.sockets[0].getsockname()[1]
+        self.port = self.listener.sockets[0].getsockname()[1]
         started.set()
         self.loop.run_forever()
 
     async def _client(self, client_reader, client_writer) -> None:
         server_reader, server_writer = await asyncio.open_connection(*self.server)
+        self.writers.update((client_writer, server_writer))
         state = _Connection(self.tally)
         try:
             # Untyped start: [length][code...]; SSL/GSS requests are declined
@@ -230,7 +232,20 @@ class CountingProxy:
         finally:
             for writer in (client_writer, server_writer):
                 writer.close()
+                self.writers.discard(writer)
+
+    async def _shut(self) -> None:
+        """Close every connection still open: their backends end with them."""
+        self.listener.close()
+        for writer in list(self.writers):
+            writer.close()
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._shut(), self.loop).result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
