@@ -61,7 +61,7 @@ bench-audit: $(VENV)/.dev
 .PHONY: bench-peers
 
 # Gatehouse beside DBOS Transact and plain LangGraph on the refund case (own
-# databases; Redis: the db of CELERY_BROKER_URL, flushed, else db 13); about
-# 15 minutes, or a short run: make bench-peers ARGS=--quick.
+# databases; Redis db 13, flushed: ARGS=--redis-url=...); about 40 minutes on
+# a busy machine, or a short run: make bench-peers ARGS=--quick.
 bench-peers: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/peers.py $(ARGS)

@@ -1,7 +1,7 @@
 """Side by side: Gatehouse, DBOS Transact and plain LangGraph on one refund case.
 
-    make bench-peers                      # the full run (about 10 minutes)
-    make bench-peers ARGS=--quick         # a short run (about 3 minutes)
+    make bench-peers                      # the full run (about 40 minutes on a busy machine)
+    make bench-peers ARGS=--quick         # a short run (about 12 minutes)
     python bench/peers.py --help
 
 The case (bench/peers_common.py): plan a refund, wait for a human decision,
@@ -10,8 +10,8 @@ server DATABASE_URL names (`<name>_peers_gatehouse`, `_dbos`, `_floor`,
 recreated here):
 
 - Gatehouse in production mode over REST (bench/peers_gatehouse.py): the web
-  server as docs/configuration.md says, Celery workers on Redis (the database
-  of CELERY_BROKER_URL, flushed; or --redis-url), the demo `refund` agent;
+  server as docs/configuration.md says, Celery workers on Redis (db 13,
+  flushed; or --redis-url), the demo `refund` agent;
 - DBOS Transact 3.4 (bench/peers_engine.py), the same shape as a workflow
   with `recv`, in its own process;
 - plain LangGraph with PostgresSaver, the floor, in its own process.
@@ -520,9 +520,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--redis-url",
-        default=os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13"),
-        help="Gatehouse's Redis database: FLUSHED (default: CELERY_BROKER_URL, "
-        "else db 13)",
+        default="redis://127.0.0.1:6379/13",
+        help="Gatehouse's Redis database, FLUSHED; never one a test suite uses at "
+        "the same time: its workers would take the suite's tasks (db 13)",
     )
     parser.add_argument(
         "--no-doc", action="store_true", help="print only; leave docs/ alone"
