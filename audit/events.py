@@ -79,6 +79,14 @@ TENANT_CHANGED = _declare(
     "tenant.changed",
     "tenant {slug} changed: {fields} (was {previous_slug}, '{previous_name}')",
 )
+LOGIN_LOCKED_OUT = _declare(
+    "login.locked_out",
+    "admin login of {username} locked out from {ip_address} after {failures} "
+    "wrong passwords",
+)
+LOGIN_UNLOCKED = _declare(
+    "login.unlocked", "admin login lockout of {username} lifted by {actor}"
+)
 MEMBERSHIP_CREATED = _declare("membership.created", "{username} joined as {role}")
 MEMBERSHIP_CHANGED = _declare("membership.changed", "{username} is now {role}")
 MEMBERSHIP_REMOVED = _declare("membership.removed", "{username} ({role}) removed")

@@ -110,6 +110,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
+    "axes",
     "runs",
     "audit",
     "approvals",
@@ -128,7 +129,26 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: answers a locked-out login with 429.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# --- Login throttling (django-axes): the admin's login ---------------------------
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# A username is locked out from an address after this many wrong passwords in a
+# row, for GATEHOUSE_LOGIN_LOCKOUT_MINUTES or until a compliance officer of one
+# of its tenants lifts it in the admin (runs.logins).
+AXES_FAILURE_LIMIT = env.int("GATEHOUSE_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(
+    minutes=env.int("GATEHOUSE_LOGIN_LOCKOUT_MINUTES", default=30)
+)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLE_ADMIN = False  # runs.logins has the admin page, scoped by tenant
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "config.urls"
 

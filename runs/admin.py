@@ -285,4 +285,4 @@ class ApiKeyAdmin(TenantScopedAdmin):
         return actions
 
 
-from runs import admin_threads  # noqa: E402,F401  threads and runs, read-only
+from runs import admin_logins, admin_threads  # noqa: E402,F401  lockouts; threads and runs

@@ -23,10 +23,14 @@ class RunsConfig(AppConfig):
     verbose_name = "Tenants, threads and runs"
 
     def ready(self) -> None:
-        from runs import tasks  # noqa: F401  registers the tasks runs.dispatch sends
+        from runs import (
+            admin_logins,
+            tasks,  # noqa: F401  registers the tasks runs.dispatch sends
+        )
         from runs.api import schema  # noqa: F401  registers the auth scheme
 
         setting_changed.connect(_forget_cached_settings)
+        admin_logins.connect_lockout_audit()
         # Fail at start-up, not at the first use, when a key ring or the agent
         # registry is misconfigured.
         crypto.keyring()

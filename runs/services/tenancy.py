@@ -7,6 +7,7 @@ import secrets
 import string
 from dataclasses import dataclass
 
+from axes.utils import reset as axes_reset
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -206,3 +207,43 @@ def reviewer_create(
         user.is_staff = True
         user.save()
         return membership_set(tenant=tenant, user=user, role=role, actor=actor)
+
+
+def _tenants_of_username(username: str) -> list[Tenant]:
+    return list(
+        Tenant.objects.filter(memberships__user__username=username)
+        .distinct()
+        .order_by("pk")
+    )
+
+
+@transaction.atomic
+def login_lockout_record(*, username: str, ip_address: str, failures: int) -> None:
+    """Audit an admin login locked out by django-axes, in each tenant the
+    username is a member of (an unknown username belongs to no tenant)."""
+    for tenant in _tenants_of_username(username or ""):
+        record(
+            tenant=tenant,
+            kind=events.LOGIN_LOCKED_OUT,
+            actor=Actor.system("login throttling"),
+            data={
+                "username": username[:200],
+                "ip_address": ip_address or "",
+                "failures": failures,
+            },
+        )
+
+
+@transaction.atomic
+def login_lockout_lift(*, username: str, actor: Actor, tenants: list[Tenant]) -> int:
+    """Lift the lockouts of `username` (every address); audited in `tenants`,
+    the ones the lifting person answers for. The attempts lifted."""
+    lifted = axes_reset(username=username)
+    for tenant in tenants:
+        record(
+            tenant=tenant,
+            kind=events.LOGIN_UNLOCKED,
+            actor=actor,
+            data={"username": username[:200], "attempts": lifted},
+        )
+    return lifted

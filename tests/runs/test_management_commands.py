@@ -5,6 +5,7 @@ import io
 import pytest
 from django.contrib.auth import authenticate
 from django.core.management import CommandError, call_command
+from django.test import RequestFactory
 
 from audit.models import AuditEvent
 from runs.models import ApiKey, Membership, Tenant
@@ -75,6 +76,8 @@ def test_create_reviewer_generates_a_password_without_a_terminal():
         "--generate-password",
     )
     password = output.strip().splitlines()[-1].removeprefix("password: ")
-    user = authenticate(username="rita", password=password)
+    user = authenticate(
+        RequestFactory().post("/admin/login/"), username="rita", password=password
+    )
     assert user is not None and user.is_staff
     assert Membership.objects.get(user=user).role == "reviewer"
