@@ -135,6 +135,14 @@ RUN_READ = _declare("run.read", "errors of {runs} run(s) read", timeline=False)
 THREAD_CLOSED = _declare(
     "thread.closed", "thread closed after its failed run by {actor}, with a note"
 )
+HISTORY_READ = _declare(
+    "thread.history_read", "history read: {count} checkpoint(s)", timeline=False
+)
+RUN_OUTPUT_READ = _declare("run.output_read", "run output read ({how})", timeline=False)
+THREAD_COPIED = _declare("thread.copied", "thread copied from {source_thread_id}")
+THREAD_METADATA_CHANGED = _declare(
+    "thread.metadata_changed", "thread metadata changed: {keys}"
+)
 RUN_QUEUED = _declare("run.queued", "{kind} run queued on {agent}@{version}")
 RUN_STARTED = _declare("run.started", "run started on {worker} (attempt {attempt})")
 RUN_RECOVERED = _declare(
@@ -144,6 +152,9 @@ RUN_INTERRUPTED = _declare("run.interrupted", "run stopped on {count} interrupt(
 RUN_SUCCEEDED = _declare("run.succeeded", "run finished")
 RUN_FAILED = _declare("run.failed", "run failed: {error_type}")
 RUN_CANCELLED = _declare("run.cancelled", "run cancelled: {reason}")
+RUN_CANCEL_REQUESTED = _declare(
+    "run.cancel_requested", "cancellation ({action}) of the running run requested"
+)
 TOOL_CALL_STARTED = _declare("tool_call.started", "{tool} called with key {key}")
 TOOL_CALL_SUCCEEDED = _declare("tool_call.succeeded", "{tool} succeeded (key {key})")
 

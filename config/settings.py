@@ -116,6 +116,7 @@ INSTALLED_APPS = [
     "approvals",
     "retention",
     "demo",
+    "agent_protocol",
 ]
 
 MIDDLEWARE = [
@@ -404,6 +405,18 @@ GATEHOUSE_RUN_LEASE_SECONDS = env.int("GATEHOUSE_RUN_LEASE_SECONDS", default=30)
 # Default time, by risk, before an approval request is due (tenants' retention
 # policies override it).
 GATEHOUSE_APPROVAL_DUE_HOURS = {"low": 24, "medium": 8, "high": 4}
+# Where workers publish run stream events for web processes to relay
+# (runs.streaming): a Redis URL, or "database" (the embedded mode's default:
+# rows polled by the readers). Defaults to the broker's Redis when it is one.
+GATEHOUSE_STREAM_URL = env.str(
+    "GATEHOUSE_STREAM_URL",
+    default=CELERY_BROKER_URL
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+    else "database",
+)
+# How long a run's stream events are kept after its last one: a client can
+# rejoin a stream (Last-Event-ID) that long.
+GATEHOUSE_STREAM_TTL_SECONDS = env.int("GATEHOUSE_STREAM_TTL_SECONDS", default=3600)
 # Versions that start no new threads: "name@version,...".
 GATEHOUSE_DRAINING_AGENTS = env.list("GATEHOUSE_DRAINING_AGENTS", default=[])
 

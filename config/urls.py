@@ -25,6 +25,8 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     # Anything else under /api/ answers the API's JSON 404, even with DEBUG on.
     re_path(r"^api/", api_not_found),
+    # The LangGraph Agent Protocol, for LangGraph's SDKs and UIs.
+    path("langgraph/", include("agent_protocol.urls")),
     path("healthz", health.HealthView.as_view(), name="healthz"),
     path("readyz", health.ReadyView.as_view(), name="readyz"),
 ]

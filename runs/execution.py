@@ -14,7 +14,9 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -25,14 +27,16 @@ from django.utils import timezone
 from langgraph.types import Command
 
 from audit import events
-from audit.services import Actor, record
-from runs import dispatch, replay, selectors
+from audit.services import Actor
+from runs import dispatch, replay, selectors, streaming
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
 from runs.gates import gate_nodes_of
 from runs.graphs import compiled, ensure_nodes_exist, spec_for, thread_config
 from runs.models import Checkpoint, Run, Thread
+from runs.services.runs import record_cancelled
+from runs.services.threads import thread_event
 from runs.signals import InterruptRejected, run_interrupted
 
 logger = logging.getLogger(__name__)
@@ -53,6 +57,43 @@ class Outcome:
     next_nodes: list[str] = field(default_factory=list)
     gate_nodes: list[str] = field(default_factory=list)
     error: BaseException | None = None
+    # The thread's values when the run stopped, for the run's `end` event.
+    values: Any = None
+    # The cancel action that stopped the run, if it was cancelled.
+    cancelled: str = ""
+
+
+class RunCancelled(Exception):
+    def __init__(self, action: str) -> None:
+        super().__init__(f"run cancelled ({action})")
+        self.action = action
+
+
+class CancelWatch:
+    """Notices, between the graph's stream parts, that the run was cancelled.
+
+    Looks the run up at most every CHECK_INTERVAL seconds, so that token-by-
+    token streaming does not turn into a query per token.
+    """
+
+    CHECK_INTERVAL = 0.2
+
+    def __init__(self, run_id) -> None:
+        self.run_id = run_id
+        self.checked_at = time.monotonic()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self.checked_at < self.CHECK_INTERVAL:
+            return
+        self.checked_at = now
+        action = (
+            Run.objects.filter(pk=self.run_id)
+            .values_list("cancel_action", flat=True)
+            .first()
+        )
+        if action:
+            raise RunCancelled(action)
 
 
 class Heartbeat(threading.Thread):
@@ -105,6 +146,10 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
         if run.status == Run.Status.RUNNING:
             if run.lease_until and run.lease_until > now:
                 return None  # another worker holds it: a duplicate delivery
+            if run.cancel_action:
+                # Cancelled while its worker was lost: nothing left to stop.
+                record_cancelled(run=run, thread=thread, actor=SYSTEM)
+                return None
             recovered_from = run.lease_owner
         elif run.status == Run.Status.QUEUED:
             ahead = (
@@ -117,6 +162,19 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
                 or Run.objects.filter(thread=thread, status=Run.Status.RUNNING).exists()
             ):
                 return None  # runs of a thread execute one at a time, in order
+            if (
+                run.kind != Run.Kind.RESUME
+                and thread.status == Thread.Status.INTERRUPTED
+            ):
+                # Queued behind a run that stopped on an interrupt: new input
+                # would walk away from what the interrupt waits for.
+                record_cancelled(
+                    run=run,
+                    thread=thread,
+                    actor=SYSTEM,
+                    reason="the thread waits on an interrupt; resume it instead",
+                )
+                return None
         else:
             return None  # finished or cancelled already
         run.status = Run.Status.RUNNING
@@ -139,20 +197,18 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
             thread.status = Thread.Status.RUNNING
             thread.save(update_fields=["status", "updated_at"])
         if recovered_from:
-            record(
-                tenant=thread.tenant,
+            thread_event(
+                thread=thread,
                 kind=events.RUN_RECOVERED,
                 actor=SYSTEM,
-                thread_id=thread.thread_id,
-                run_id=str(run.id),
+                run=run,
                 data={"worker": recovered_from},
             )
-        record(
-            tenant=thread.tenant,
+        thread_event(
+            thread=thread,
             kind=events.RUN_STARTED,
             actor=SYSTEM,
-            thread_id=thread.thread_id,
-            run_id=str(run.id),
+            run=run,
             data={"worker": owner, "attempt": run.attempts},
         )
         return run, thread
@@ -177,10 +233,19 @@ def _graph_input(run: Run, thread: Thread, cipher: ThreadCipher) -> tuple[Any, d
     if run.kind == Run.Kind.RESUME:
         resume = cipher.decrypt_value(run.resume, row=("run-resume", str(run.id)))
         return Command(resume=resume), config
+    if run.input is None:
+        return None, config  # continue from the checkpoint as it is
     return cipher.decrypt_value(run.input, row=("run-input", str(run.id))), config
 
 
-def _invoke(run: Run, thread: Thread) -> Outcome:
+def _stream_name(mode: str, namespace: tuple[str, ...]) -> str:
+    """LangGraph API's event name: the mode, and a subgraph's namespace."""
+    return "|".join((mode, *namespace))
+
+
+def _invoke(
+    run: Run, thread: Thread, publisher: streaming.Publisher, watch: CancelWatch
+) -> Outcome:
     spec = spec_for(thread, run.agent_version)
     graph = compiled(spec, thread.tenant)
     if run.kind == Run.Kind.RESUME:
@@ -194,20 +259,66 @@ def _invoke(run: Run, thread: Thread) -> Outcome:
         thread_pk=thread.pk,
         run_id=str(run.id),
     )
-    graph.invoke(graph_input, config, context=context, durability="sync")
-    state = graph.get_state(thread_config(thread))
-    return Outcome(
-        interrupts=list(state.interrupts),
-        next_nodes=list(state.next),
-        gate_nodes=gate_nodes_of(state),
+    published = set(run.stream_modes)
+    # Streaming even when nobody asked for a mode: the run is checked for a
+    # cancellation between parts, that is between steps at least.
+    parts = graph.stream(
+        graph_input,
+        config,
+        context=context,
+        durability="sync",
+        stream_mode=sorted(published) or ["updates"],
+        subgraphs=run.stream_subgraphs,
     )
+    outcome = Outcome()
+    try:
+        with closing(parts):
+            for part in parts:
+                namespace, mode, chunk = part if run.stream_subgraphs else ((), *part)
+                if mode in published:
+                    publisher.publish(_stream_name(mode, namespace), chunk)
+                watch.check()
+    except RunCancelled as cancelled:
+        outcome.cancelled = cancelled.action
+    state = graph.get_state(thread_config(thread))
+    outcome.interrupts = list(state.interrupts)
+    outcome.next_nodes = list(state.next)
+    outcome.gate_nodes = gate_nodes_of(state)
+    outcome.values = state.values
+    return outcome
+
+
+def _final_values(thread: Thread, run: Run) -> Any:
+    """The thread's values after a failed run, best effort: a failure may
+    come from the state itself."""
+    try:
+        return (
+            compiled(spec_for(thread, run.agent_version), thread.tenant)
+            .get_state(thread_config(thread))
+            .values
+        )
+    except Exception:  # noqa: BLE001  the run's own error is what gets reported
+        return None
 
 
 def _error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:2000]
 
 
-def _finish(run_id: str, owner: str, outcome: Outcome) -> None:
+def _end_event(run: Run, outcome: Outcome, error: BaseException | None) -> dict:
+    return streaming.outcome(
+        status=run.status,
+        values=outcome.values,
+        interrupts=outcome.interrupts if run.status == Run.Status.INTERRUPTED else [],
+        error=None
+        if error is None
+        else {"error": type(error).__name__, "message": str(error)},
+    )
+
+
+def _finish(
+    run_id: str, owner: str, outcome: Outcome, publisher: streaming.Publisher
+) -> None:
     with transaction.atomic():
         thread = (
             Thread.objects.select_related("tenant")
@@ -222,6 +333,9 @@ def _finish(run_id: str, owner: str, outcome: Outcome) -> None:
             logger.warning(
                 "run %s: finished after losing its lease; not recorded", run_id
             )
+            return
+        if outcome.cancelled:
+            record_cancelled(run=run, thread=thread, actor=SYSTEM, publisher=publisher)
             return
         error = outcome.error
         if error is None and outcome.interrupts:
@@ -257,15 +371,16 @@ def _finish(run_id: str, owner: str, outcome: Outcome) -> None:
         run.lease_owner, run.lease_until = "", None
         run.save()
         thread.save(update_fields=["status", "gated_nodes", "updated_at"])
-        record(
-            tenant=thread.tenant,
+        thread_event(
+            thread=thread,
             kind=kind,
             actor=SYSTEM,
-            thread_id=thread.thread_id,
-            run_id=str(run.id),
+            run=run,
             data=data,
         )
         dispatch.thread_dispatch_next(thread)
+        end = _end_event(run, outcome, error)
+        transaction.on_commit(lambda: publisher.publish(streaming.END, end))
 
 
 def execute(run_id: str) -> None:
@@ -276,16 +391,22 @@ def execute(run_id: str) -> None:
     if claimed is None:
         return
     run, thread = claimed
+    publisher = streaming.Publisher(
+        run_id=run.id, attempt=run.attempts, cipher=ThreadCipher.for_thread(thread)
+    )
+    publisher.publish(
+        streaming.METADATA, {"run_id": str(run.id), "attempt": run.attempts}
+    )
     heartbeat = Heartbeat(run.id, owner)
     heartbeat.start()
     try:
-        outcome = _invoke(run, thread)
+        outcome = _invoke(run, thread, publisher, CancelWatch(run.id))
     except VersionSkew as skew:
         outcome = Outcome(error=skew)
     except Exception as exc:  # the agent's own failure ends the run, not the worker
         logger.info("run %s failed: %s", run_id, type(exc).__name__)
-        outcome = Outcome(error=exc)
+        outcome = Outcome(error=exc, values=_final_values(thread, run))
     finally:
         heartbeat.stop()
         replay.forget_run(run_id)
-    _finish(run_id, owner, outcome)
+    _finish(run_id, owner, outcome, publisher)

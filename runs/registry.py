@@ -183,10 +183,10 @@ def latest(name: str, *, for_new_threads: bool = False) -> AgentSpec:
             f"no {'non-draining ' if for_new_threads else ''}"
             f"version of agent {name!r} is registered"
         )
-    return max(candidates, key=lambda spec: _version_sort_key(spec.version))
+    return max(candidates, key=lambda spec: version_sort_key(spec.version))
 
 
-def _version_sort_key(version: str) -> tuple:
+def version_sort_key(version: str) -> tuple:
     return tuple(
         (0, int(part)) if part.isdigit() else (1, part)
         for part in re.split(r"[.-]", version)

@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Min
 from django.utils import timezone
+from langgraph.types import Interrupt
 
 from runs.crypto import ThreadCipher
 from runs.graphs import compile_for, thread_config
@@ -24,6 +25,12 @@ def jsonable(value: Any) -> Any:
     """State values as JSON: messages and models as their fields."""
     if isinstance(value, Mapping):
         return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, Interrupt):
+        # As LangGraph's API shows one; a schema only when the graph gave one.
+        shown = {"value": jsonable(value.value), "id": value.id}
+        if getattr(value, "response_schema", None) is not None:
+            shown["response_schema"] = jsonable(value.response_schema)
+        return shown
     if isinstance(value, list | tuple | set | frozenset):
         return [jsonable(item) for item in value]
     if value is None or isinstance(value, bool | int | float | str):

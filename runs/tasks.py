@@ -3,7 +3,7 @@ runs.dispatch, which names these tasks (so it does not import them)."""
 
 from celery import shared_task
 
-from runs import dispatch, execution
+from runs import dispatch, execution, streaming
 
 
 @shared_task(name=dispatch.EXECUTE_RUN, acks_late=True, reject_on_worker_lost=True)
@@ -14,3 +14,8 @@ def execute_run(run_id: str) -> None:
 @shared_task(name=dispatch.RECOVER_STALLED_RUNS)
 def recover_stalled_runs() -> dict[str, int]:
     return dispatch.runs_recover_stalled()
+
+
+@shared_task(name="runs.expire_stream_events")
+def expire_stream_events() -> int:
+    return streaming.expire_events()

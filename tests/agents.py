@@ -6,11 +6,17 @@ from pathlib import Path
 from typing import Annotated, TypedDict
 
 from django.conf import settings
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.runtime import get_runtime
 from langgraph.types import interrupt
 
+from demo import downstream as demo_services
 from runs.actions import GatedAction
+from runs.tools import side_effect
 
 
 class EchoState(TypedDict, total=False):
@@ -138,3 +144,112 @@ def flaky_graph() -> StateGraph:
 
 
 flaky_graph.actions = [GatedAction(name="do_one", node="ask")]
+
+
+# --- Agents of the Agent Protocol tests (tests/agent_protocol) -------------
+
+
+class ChatState(TypedDict, total=False):
+    messages: Annotated[list, add_messages]
+    name: str
+
+
+class SlowWordsModel(GenericFakeChatModel):
+    """A chat model that streams its answer word by word, each word a little
+    after the previous one, as a real model streams tokens."""
+
+    delay: float = 0.0
+
+    def _stream(self, *args, **kwargs):
+        for chunk in super()._stream(*args, **kwargs):
+            time.sleep(self.delay)
+            yield chunk
+
+
+def _ask_name(state: ChatState) -> ChatState:
+    # An input interrupt: a question to the user, no `action`: not a gate.
+    return {"name": interrupt({"question": "What is your name?"})}
+
+
+def _greet(state: ChatState) -> ChatState:
+    get_stream_writer()({"greeting_for": state["name"]})
+    model = SlowWordsModel(
+        messages=iter([AIMessage(content=f"Hello {state['name']}, nice to meet you.")]),
+        delay=0.15,
+    )
+    return {"messages": [model.invoke(state.get("messages", []))]}
+
+
+def _chain(state: type, *nodes) -> StateGraph:
+    """A graph that runs `nodes` one after the other."""
+    graph = StateGraph(state)
+    previous = START
+    for node in nodes:
+        graph.add_node(node.__name__.lstrip("_"), node)
+        graph.add_edge(previous, node.__name__.lstrip("_"))
+        previous = node.__name__.lstrip("_")
+    graph.add_edge(previous, END)
+    return graph
+
+
+def chat_graph() -> StateGraph:
+    """Asks the user's name (an input interrupt), then greets them word by word."""
+    return _chain(ChatState, _ask_name, _greet)
+
+
+chat_graph.safe_metadata_keys = frozenset({"channel", "topic"})
+
+
+class PayState(TypedDict, total=False):
+    amount: str
+    confirmed: str
+    payment: dict
+
+
+def _confirm(state: PayState) -> PayState:
+    return {"confirmed": interrupt({"question": f"Pay {state['amount']} EUR?"})}
+
+
+def _pay(state: PayState) -> PayState:
+    tenant_id = get_runtime().context.tenant_id
+    payment = side_effect(
+        "payments.refund",
+        {"amount": state["amount"]},
+        lambda key: demo_services.refund_payment(
+            tenant_id=tenant_id,
+            idempotency_key=key,
+            order_id="race",
+            amount=state["amount"],
+            currency="EUR",
+        ),
+    )
+    return {"payment": payment}
+
+
+def pay_graph() -> StateGraph:
+    """Asks the user to confirm (an input interrupt), then pays once."""
+    return _chain(PayState, _confirm, _pay)
+
+
+class TickState(TypedDict, total=False):
+    ticks: Annotated[list, operator.add]
+
+
+def _tick(number: int):
+    def node(state: TickState) -> TickState:
+        time.sleep(0.4)
+        return {"ticks": [number]}
+
+    node.__name__ = f"tick_{number}"
+    return node
+
+
+def slow_graph() -> StateGraph:
+    """Five steps of 0.4 s each: long enough to be cancelled or queued behind."""
+    return _chain(TickState, *(_tick(number) for number in range(1, 6)))
+
+
+# The test agents above ask no approval: they declare no gated actions.
+chat_graph.actions = []
+pay_graph.actions = []
+slow_graph.actions = []

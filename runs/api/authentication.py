@@ -82,13 +82,17 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         keyword, _, secret = header.partition(" ")
         if keyword.lower() != self.keyword.lower():
             return None
+        return self.authenticate_secret(request, secret.strip())
+
+    def authenticate_secret(self, request, secret: str):
+        """The key whose secret this is; the same 401 for any bad one, and a
+        429 for an address that failed too often."""
         failures = AuthenticationFailures()
         wait = failures.wait_before_trying(request)
         if wait is not None:
             raise exceptions.Throttled(
                 wait, detail="Too many failed authentications from this address."
             )
-        secret = secret.strip()
         prefix, dot, _ = secret.partition(".")
         if not dot or not prefix:
             failures.record_failure()

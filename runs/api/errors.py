@@ -16,6 +16,10 @@ from runs.errors import ApiError
 
 logger = logging.getLogger(__name__)
 
+# Paths whose every answer, errors included, is JSON: /api/v1 and the Agent
+# Protocol (agent_protocol, mounted by config.urls).
+JSON_API_PREFIXES = ("/api/", "/langgraph/")
+
 
 class PayloadTooLarge(ApiError):
     def __init__(self, message: str) -> None:
@@ -107,8 +111,8 @@ def api_not_found(request, *args, **kwargs) -> JsonResponse:
 
 
 def server_error(request, *args, **kwargs):
-    """Django's 500 handler: JSON under /api/, the usual page elsewhere."""
-    if request.path.startswith("/api/"):
+    """Django's 500 handler: JSON under the APIs, the usual page elsewhere."""
+    if request.path.startswith(JSON_API_PREFIXES):
         return json_error(
             request, "server_error", "Something went wrong on the server.", 500
         )

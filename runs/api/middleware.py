@@ -2,7 +2,7 @@
 
 from django.conf import settings
 
-from runs.api.errors import json_error
+from runs.api.errors import JSON_API_PREFIXES, json_error
 
 
 class ApiBodySizeLimitMiddleware:
@@ -10,7 +10,7 @@ class ApiBodySizeLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        if request.path.startswith("/api/"):
+        if request.path.startswith(JSON_API_PREFIXES):
             raw = request.META.get("CONTENT_LENGTH") or "0"
             try:
                 length = int(raw)

@@ -37,6 +37,10 @@ def resolve_principal(request) -> Principal:
 
 
 class TenantScopePermission(permissions.BasePermission):
+    def writes(self, request, view) -> bool:
+        """Whether the request needs the scope's write right."""
+        return request.method not in permissions.SAFE_METHODS
+
     def has_permission(self, request, view) -> bool:
         if getattr(view, "public", False):
             return True
@@ -45,7 +49,7 @@ class TenantScopePermission(permissions.BasePermission):
             raise exceptions.PermissionDenied("This endpoint declares no scope.")
         principal = resolve_principal(request)
         request.principal = principal
-        write = request.method not in permissions.SAFE_METHODS
+        write = self.writes(request, view)
         if not principal.can(scope, write=write):
             what = "write" if write else "read"
             raise exceptions.PermissionDenied(

@@ -2,6 +2,7 @@ from runs.models.checkpoints import ChannelBlob, Checkpoint, PendingWrite
 from runs.models.content import ThreadContent
 from runs.models.execution import Run
 from runs.models.replay import RecordedValue
+from runs.models.streaming import RunStreamEvent
 from runs.models.tenancy import (
     ApiKey,
     IdempotencyRecord,
@@ -24,6 +25,7 @@ __all__ = [
     "RecordedValue",
     "Role",
     "Run",
+    "RunStreamEvent",
     "Scope",
     "Tenant",
     "TenantOwnedQuerySet",

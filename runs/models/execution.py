@@ -37,6 +37,20 @@ class Run(models.Model):
         # Continues a failed run from the thread's latest checkpoint.
         RETRY = "retry", "Retry"
 
+    class Multitask(models.TextChoices):
+        """What a new run does when the thread already has an active run."""
+
+        REJECT = "reject", "Reject"
+        ENQUEUE = "enqueue", "Enqueue"
+        INTERRUPT = "interrupt", "Interrupt the active run"
+        ROLLBACK = "rollback", "Roll back the active run"
+
+    class CancelAction(models.TextChoices):
+        # Stop the run where it is; its checkpoints stay.
+        INTERRUPT = "interrupt", "Interrupt"
+        # Stop the run and delete the checkpoints it wrote.
+        ROLLBACK = "rollback", "Roll back"
+
     ACTIVE = (Status.QUEUED, Status.RUNNING)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -64,6 +78,20 @@ class Run(models.Model):
     # The graph nodes the run stopped before (structure, not content): a
     # resume under a graph that lacks one of them is refused as version skew.
     next_nodes = models.JSONField(default=list, blank=True)
+    # Plaintext, like the thread's: only keys the agent declares safe.
+    metadata = models.JSONField(default=dict, blank=True)
+    multitask_strategy = models.CharField(
+        max_length=16, choices=Multitask.choices, default=Multitask.REJECT
+    )
+    # LangGraph stream modes the worker publishes (runs.streaming); a run
+    # always publishes its start and its end, whatever these are.
+    stream_modes = models.JSONField(default=list, blank=True)
+    stream_subgraphs = models.BooleanField(default=False)
+    # Set on a running run that was cancelled: its worker stops at the next
+    # step and records the run cancelled (runs.execution).
+    cancel_action = models.CharField(
+        max_length=16, choices=CancelAction.choices, blank=True
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

@@ -2,8 +2,11 @@
 its audit event. Split by subject; import from here."""
 
 from runs.services.runs import (
+    RunOptions,
+    run_cancel,
     run_cancel_active,
     run_errors_read,
+    run_output_read,
     run_resume,
     run_retry,
     run_start,
@@ -24,14 +27,20 @@ from runs.services.tenancy import (
     tenant_update,
 )
 from runs.services.threads import (
+    run_metadata,
+    thread_copy,
     thread_create,
     thread_fork,
+    thread_history,
     thread_interrupts_read,
+    thread_latest_checkpoint_id,
+    thread_metadata_update,
     thread_state,
 )
 
 __all__ = [
     "IssuedApiKey",
+    "RunOptions",
     "api_key_create",
     "api_key_rename",
     "api_key_revoke",
@@ -41,16 +50,23 @@ __all__ = [
     "membership_set",
     "parse_scopes",
     "reviewer_create",
+    "run_cancel",
     "run_cancel_active",
     "run_errors_read",
+    "run_metadata",
+    "run_output_read",
     "run_resume",
     "run_retry",
     "run_start",
     "tenant_create",
     "tenant_update",
     "thread_close",
+    "thread_copy",
     "thread_create",
     "thread_fork",
+    "thread_history",
     "thread_interrupts_read",
+    "thread_latest_checkpoint_id",
+    "thread_metadata_update",
     "thread_state",
 ]

@@ -8,6 +8,7 @@ dispatches the next.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
@@ -16,7 +17,7 @@ from django.utils import timezone
 from audit import events
 from audit.redaction import digest
 from audit.services import Actor, record
-from runs import dispatch, gates, registry, selectors
+from runs import dispatch, gates, registry, selectors, streaming
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.graphs import (
@@ -27,6 +28,7 @@ from runs.graphs import (
     thread_config,
 )
 from runs.models import Run, Thread
+from runs.services.threads import run_metadata, thread_event
 from runs.signals import thread_closed
 
 
@@ -42,6 +44,23 @@ def _has_active_run(thread: Thread) -> bool:
     return Run.objects.filter(thread=thread, status__in=Run.ACTIVE).exists()
 
 
+# LangGraph's stream modes a run may publish (runs.streaming).
+STREAM_MODES = frozenset(
+    {"values", "updates", "messages", "custom", "debug", "tasks", "checkpoints"}
+)
+
+
+def _check_stream_modes(stream_modes) -> list[str]:
+    unknown = sorted(set(stream_modes) - STREAM_MODES)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown stream modes {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(STREAM_MODES))}",
+            field="stream_mode",
+        )
+    return sorted(set(stream_modes))
+
+
 def _queue(
     *,
     thread: Thread,
@@ -50,7 +69,9 @@ def _queue(
     input_value: Any = None,
     resume_value: Any = None,
     checkpoint_id: str = "",
+    options: RunOptions | None = None,
 ) -> Run:
+    options = options or RunOptions()
     run = Run(
         tenant=thread.tenant,
         thread=thread,
@@ -58,6 +79,10 @@ def _queue(
         agent_version=thread.agent_version,
         checkpoint_id=checkpoint_id,
         requested_by=actor.label,
+        metadata=run_metadata(thread, options.metadata),
+        multitask_strategy=options.multitask,
+        stream_modes=_check_stream_modes(options.stream_modes),
+        stream_subgraphs=options.stream_subgraphs,
     )
     cipher = ThreadCipher.for_thread(thread)
     if input_value is not None:
@@ -68,12 +93,11 @@ def _queue(
     if thread.status != Thread.Status.RUNNING:
         thread.status = Thread.Status.RUNNING
         thread.save(update_fields=["status", "updated_at"])
-    record(
-        tenant=thread.tenant,
+    thread_event(
+        thread=thread,
         kind=events.RUN_QUEUED,
         actor=actor,
-        thread_id=thread.thread_id,
-        run_id=str(run.id),
+        run=run,
         data={
             "kind": kind,
             "agent": thread.agent_name,
@@ -84,33 +108,115 @@ def _queue(
     return run
 
 
-def _pin_version(thread: Thread) -> None:
-    """Pin a thread's first run to the newest version that accepts new threads."""
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run is asked for, beyond its input: what it publishes while it
+    runs (runs.streaming), its metadata, and what it does when the thread
+    already has an active run (`multitask`)."""
+
+    stream_modes: tuple[str, ...] = ()
+    stream_subgraphs: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+    multitask: str = Run.Multitask.REJECT
+
+
+def _bind_agent(thread: Thread, agent: str | None, version: str | None) -> None:
+    """Bind a thread that has no agent yet; refuse another agent or version."""
+    if not thread.agent_name:
+        if not agent:
+            raise InvalidRequest(
+                f"thread {thread.thread_id} has no agent yet: name one",
+                field="agent",
+            )
+        try:
+            registry.latest(agent)
+        except registry.UnknownAgent:
+            raise InvalidRequest(
+                f"no agent {agent!r} is registered", field="agent"
+            ) from None
+        thread.agent_name = agent
+        thread.save(update_fields=["agent_name", "updated_at"])
+    elif agent and agent != thread.agent_name:
+        raise StateConflict(
+            f"thread {thread.thread_id} belongs to agent {thread.agent_name}, "
+            f"not {agent}",
+            code="agent_mismatch",
+        )
+    if version and thread.agent_version and version != thread.agent_version:
+        raise StateConflict(
+            f"thread {thread.thread_id} is pinned to "
+            f"{thread.agent_name}@{thread.agent_version}, not version {version}",
+            code="version_mismatch",
+        )
+
+
+def _pin_version(thread: Thread, version: str | None = None) -> None:
+    """Pin a thread's first run to `version`, or to the newest version that
+    accepts new threads."""
     try:
         spec = registry.latest(thread.agent_name, for_new_threads=True)
+        if version:
+            spec = registry.get(thread.agent_name, version)
     except registry.UnknownAgent:
         raise StateConflict(
             f"every registered version of agent {thread.agent_name} is draining: "
             "it starts no new threads",
             code="agent_draining",
         ) from None
+    if spec.draining:
+        raise StateConflict(
+            f"agent {spec.key} is draining: it starts no new threads",
+            code="agent_draining",
+        )
     thread.agent_version = spec.version
     thread.save(update_fields=["agent_version", "updated_at"])
 
 
-@transaction.atomic
-def run_start(
-    *, thread: Thread, input: dict[str, Any], actor: Actor, checkpoint_id: str = ""
-) -> Run:
-    thread = _lock(thread)
-    if _has_active_run(thread):
+def _make_room(thread: Thread, *, multitask: str, actor: Actor) -> None:
+    """Apply the multitask strategy to the thread's active runs, if any."""
+    active = list(
+        Run.objects.select_for_update()
+        .filter(thread=thread, status__in=Run.ACTIVE)
+        .order_by("created_at")
+    )
+    if not active or multitask == Run.Multitask.ENQUEUE:
+        return
+    if multitask == Run.Multitask.REJECT:
         raise StateConflict(
             f"a run of thread {thread.thread_id} is queued or running; wait for it",
             code="run_in_progress",
         )
+    for run in active:
+        _cancel(run=run, thread=thread, actor=actor, action=multitask)
+
+
+@transaction.atomic
+def run_start(
+    *,
+    thread: Thread,
+    input: dict[str, Any] | None,
+    actor: Actor,
+    checkpoint_id: str = "",
+    agent: str | None = None,
+    version: str | None = None,
+    options: RunOptions | None = None,
+) -> Run:
+    """Queue a run of the thread's agent with `input`.
+
+    A thread without an agent yet is bound to `agent` (pinned to `version`,
+    or to the newest one that accepts new threads); a thread of another agent
+    or pinned to another version is refused. While a run of the thread is
+    active, `options.multitask` decides: refuse (409), queue behind it, or
+    cancel it first (interrupt: keep its checkpoints; rollback: delete them).
+    """
+    options = options or RunOptions()
+    thread = _lock(thread)
+    _bind_agent(thread, agent, version)
     if checkpoint_id:
         gates.require_no_open_request(thread, "a run from a checkpoint")
-    if thread.status == Thread.Status.INTERRUPTED:
+    active_before = _has_active_run(thread)
+    _make_room(thread, multitask=options.multitask, actor=actor)
+    if thread.status == Thread.Status.INTERRUPTED and not active_before:
         raise StateConflict(
             f"thread {thread.thread_id} is waiting on an interrupt: resume it instead",
             code="thread_interrupted",
@@ -120,7 +226,7 @@ def run_start(
             raise InvalidRequest(
                 "the thread has no checkpoints yet", field="checkpoint_id"
             )
-        _pin_version(thread)
+        _pin_version(thread, version)
     spec_for(thread)  # VersionSkew when the pinned version is gone
     if checkpoint_id:
         _check_replay(thread, checkpoint_id)
@@ -131,6 +237,7 @@ def run_start(
         actor=actor,
         input_value=input,
         checkpoint_id=checkpoint_id,
+        options=options,
     )
 
 
@@ -159,7 +266,14 @@ def _check_replay(thread: Thread, checkpoint_id: str) -> None:
 
 @transaction.atomic
 def run_resume(
-    *, thread: Thread, resume: Any, actor: Actor, behind_active_run: bool = False
+    *,
+    thread: Thread,
+    resume: Any,
+    actor: Actor,
+    behind_active_run: bool = False,
+    options: RunOptions | None = None,
+    agent: str | None = None,
+    version: str | None = None,
 ) -> Run:
     """Resume an interrupted thread with LangGraph's resume value.
 
@@ -167,9 +281,11 @@ def run_resume(
     with (runs.gates): anything else answers ApprovalRequired, whoever calls.
     `behind_active_run` is for approval decisions: a decision that arrives
     while a run of the thread still executes is queued behind it instead of
-    refused, so no decision is ever lost.
+    refused, so no decision is ever lost. `agent` and `version`, when given,
+    must be the thread's.
     """
     thread = _lock(thread)
+    _bind_agent(thread, agent, version)
     active = _has_active_run(thread)
     if active and not behind_active_run:
         raise StateConflict(
@@ -186,7 +302,119 @@ def run_resume(
     if not active:
         ensure_nodes_exist(graph, selectors.waiting_nodes(thread), key=spec.key)
     gates.check_resume(thread=thread, graph=graph, resume=resume)
-    return _queue(thread=thread, kind=Run.Kind.RESUME, actor=actor, resume_value=resume)
+    return _queue(
+        thread=thread,
+        kind=Run.Kind.RESUME,
+        actor=actor,
+        resume_value=resume,
+        options=options,
+    )
+
+
+def _thread_status_after(thread: Thread, cancelled: Run) -> str:
+    """What a thread is once `cancelled` stopped: busy with another active
+    run, waiting on an interrupt still pending in its state, or idle."""
+    if (
+        Run.objects.filter(thread=thread, status__in=Run.ACTIVE)
+        .exclude(pk=cancelled.pk)
+        .exists()
+    ):
+        return Thread.Status.RUNNING
+    if (
+        thread.agent_version
+        and compile_for(thread).get_state(thread_config(thread)).interrupts
+    ):
+        return Thread.Status.INTERRUPTED
+    return Thread.Status.IDLE
+
+
+def record_cancelled(
+    *,
+    run: Run,
+    thread: Thread,
+    actor: Actor,
+    reason: str = "",
+    publisher: streaming.Publisher | None = None,
+) -> None:
+    """Record a run as cancelled, in the caller's transaction, which holds the
+    thread's row lock: a rollback deletes the checkpoints it wrote; its end
+    is published once the transaction commits.
+
+    `publisher` is the executing attempt's; a run cancelled before a worker
+    claimed it (or after its worker was lost) publishes under a new attempt.
+    """
+    graph = compile_for(thread) if thread.agent_version else None
+    if run.cancel_action == Run.CancelAction.ROLLBACK and graph is not None:
+        graph.checkpointer.delete_for_runs([str(run.id)])
+    run.status = Run.Status.CANCELLED
+    run.ended_at = timezone.now()
+    run.lease_owner, run.lease_until = "", None
+    run.save(
+        update_fields=[
+            "status",
+            "ended_at",
+            "lease_owner",
+            "lease_until",
+            "cancel_action",
+        ]
+    )
+    thread.status = _thread_status_after(thread, run)
+    thread.save(update_fields=["status", "updated_at"])
+    thread_event(
+        thread=thread,
+        kind=events.RUN_CANCELLED,
+        actor=actor,
+        run=run,
+        data={"reason": reason or run.cancel_action or "cancelled"},
+    )
+    dispatch.thread_dispatch_next(thread)
+    values = (
+        graph.get_state(thread_config(thread)).values if graph is not None else None
+    )
+    end = streaming.outcome(status=run.status, values=values)
+    publisher = publisher or streaming.Publisher(
+        run_id=run.id,
+        attempt=run.attempts + 1,
+        cipher=ThreadCipher.for_thread(thread),
+    )
+    transaction.on_commit(lambda: publisher.publish(streaming.END, end))
+
+
+def _cancel(*, run: Run, thread: Thread, actor: Actor, action: str) -> None:
+    """Cancel one active run, the thread's row lock held: a queued run at
+    once; a running one is stopped by its worker at its next step."""
+    run.cancel_action = action
+    if run.status == Run.Status.QUEUED:
+        record_cancelled(run=run, thread=thread, actor=actor)
+        return
+    run.save(update_fields=["cancel_action"])
+    thread_event(
+        thread=thread,
+        kind=events.RUN_CANCEL_REQUESTED,
+        actor=actor,
+        run=run,
+        data={"action": action},
+    )
+
+
+@transaction.atomic
+def run_cancel(*, thread: Thread, run: Run, actor: Actor, action: str) -> Run:
+    """Cancel a queued or running run of the thread (see `_cancel`)."""
+    if action not in Run.CancelAction.values:
+        raise InvalidRequest(
+            f"action must be one of {', '.join(Run.CancelAction.values)}",
+            field="action",
+        )
+    thread = _lock(thread)
+    run = Run.objects.select_for_update().get(pk=run.pk, thread=thread)
+    if not run.is_active:
+        raise StateConflict(
+            f"run {run.id} already ended ({run.status})", code="run_not_active"
+        )
+    if run.cancel_action:
+        return run  # already being cancelled
+    _cancel(run=run, thread=thread, actor=actor, action=action)
+    return run
 
 
 def _failed(thread: Thread) -> tuple[Thread, Run]:
@@ -256,12 +484,11 @@ def run_cancel_active(*, thread: Thread, actor: Actor, reason: str) -> int:
         run.ended_at = timezone.now()
         run.lease_owner, run.lease_until = "", None
         run.save(update_fields=["status", "ended_at", "lease_owner", "lease_until"])
-        record(
-            tenant=thread.tenant,
+        thread_event(
+            thread=thread,
             kind=events.RUN_CANCELLED,
             actor=actor,
-            thread_id=thread.thread_id,
-            run_id=str(run.id),
+            run=run,
             data={"reason": reason},
         )
         cancelled += 1
@@ -273,10 +500,22 @@ def run_errors_read(*, thread: Thread, runs: list[Run], actor: Actor) -> None:
     `runs` (the failed ones among those it lists); nothing when none failed."""
     failed = [str(run.pk) for run in runs if run.error is not None]
     if failed:
-        record(
-            tenant=thread.tenant,
+        thread_event(
+            thread=thread,
             kind=events.RUN_READ,
             actor=actor,
-            thread_id=thread.thread_id,
             data={"runs": len(failed), "run_ids": failed[:100]},
         )
+
+
+def run_output_read(*, run: Run, thread: Thread, actor: Actor, how: str) -> None:
+    """Record that a run's output (its stream, or its final values) was read
+    decrypted: like every read of a thread's state, it is an audit event."""
+    thread_event(
+        thread=thread,
+        kind=events.RUN_OUTPUT_READ,
+        actor=actor,
+        run=run,
+        data={"how": how},
+    )
+

@@ -1,4 +1,5 @@
-"""Thread use cases: create, read state (audited), fork."""
+"""Thread use cases: create, change metadata, copy, read state and history
+(audited), fork."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from audit import events
 from audit.redaction import MAX_TEXT, is_clear_scalar
 from audit.services import Actor, record
 from runs import gates, registry, selectors
+from runs.checkpointer import DjangoSaver
 from runs.errors import InvalidRequest, StateConflict
-from runs.graphs import compile_for, thread_config
+from runs.graphs import compile_for, spec_for, thread_config
 from runs.models import Run, Tenant, Thread
 
 THREAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$")
@@ -63,48 +65,167 @@ def _split_metadata(
     return clear, subject_hash(subject) if subject else ""
 
 
-@transaction.atomic
-def thread_create(
+def thread_event(
     *,
-    tenant: Tenant,
-    agent: str,
+    thread: Thread,
+    kind: events.EventKind,
     actor: Actor,
-    thread_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-) -> Thread:
-    thread_id = thread_id or uuid.uuid4().hex
-    if not THREAD_ID_RE.match(thread_id):
-        raise InvalidRequest(
-            "use 1 to 255 letters, digits, '.', '_', ':' or '-', starting with a "
-            "letter or digit",
-            field="thread_id",
-        )
+    run: Run | None = None,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Record an event about a thread (and one of its runs) in the audit
+    trail, in the caller's transaction."""
+    record(
+        tenant=thread.tenant,
+        kind=kind,
+        actor=actor,
+        thread_id=thread.thread_id,
+        run_id=str(run.id) if run is not None else "",
+        data=data,
+    )
+
+
+def _agent_spec(agent: str) -> registry.AgentSpec:
     try:
-        spec = registry.latest(agent)
+        return registry.latest(agent)
     except registry.UnknownAgent:
         known = sorted({spec.name for spec in registry.agents().values()})
         raise InvalidRequest(
             f"no agent {agent!r} is registered; known agents: {', '.join(known)}",
             field="agent",
         ) from None
-    clear_metadata, subject = _split_metadata(spec, metadata or {})
+
+
+def _thread_spec(thread: Thread) -> registry.AgentSpec | None:
+    """The spec whose declarations rule the thread's metadata, if it has one."""
+    if not thread.agent_name:
+        return None
+    if thread.agent_version:
+        return spec_for(thread)
+    return _agent_spec(thread.agent_name)
+
+
+def _metadata_for(
+    spec: registry.AgentSpec | None, metadata: dict[str, Any]
+) -> tuple[dict, str]:
+    if spec is None:
+        if metadata:
+            raise InvalidRequest(
+                "a thread without an agent stores no metadata: name its agent "
+                "first, whose declarations say which keys may be stored",
+                field="metadata",
+            )
+        return {}, ""
+    return _split_metadata(spec, metadata)
+
+
+def run_metadata(thread: Thread, metadata: dict[str, Any] | None) -> dict:
+    """A run's metadata checked like the thread's (no subject: runs have none)."""
+    spec = _thread_spec(thread)
+    clear, subject = _metadata_for(spec, metadata or {})
+    if subject:
+        raise InvalidRequest(
+            "a run's metadata names no subject: tag the thread", field="metadata"
+        )
+    return clear
+
+
+def _check_thread_id(thread_id: str) -> None:
+    if not THREAD_ID_RE.match(thread_id):
+        raise InvalidRequest(
+            "use 1 to 255 letters, digits, '.', '_', ':' or '-', starting with a "
+            "letter or digit",
+            field="thread_id",
+        )
+
+
+@transaction.atomic
+def thread_create(
+    *,
+    tenant: Tenant,
+    agent: str | None,
+    actor: Actor,
+    thread_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Thread:
+    """A new thread of `agent`, or with no agent yet (its first run binds
+    one; until then it stores no metadata)."""
+    thread_id = thread_id or uuid.uuid4().hex
+    _check_thread_id(thread_id)
+    spec = _agent_spec(agent) if agent is not None else None
+    clear_metadata, subject = _metadata_for(spec, metadata or {})
     if Thread.objects.for_tenant(tenant).filter(thread_id=thread_id).exists():
         raise StateConflict(f"thread {thread_id} already exists", code="thread_exists")
     thread = Thread.objects.create_with_data_key(
         tenant=tenant,
         thread_id=thread_id,
-        agent_name=spec.name,
+        agent_name=spec.name if spec else "",
         metadata=clear_metadata,
         subject_hash=subject,
     )
-    record(
-        tenant=tenant,
+    thread_event(
+        thread=thread,
         kind=events.THREAD_CREATED,
         actor=actor,
-        thread_id=thread_id,
-        data={"agent": spec.name},
+        data={"agent": spec.name if spec else "(none yet)"},
     )
     return thread
+
+
+@transaction.atomic
+def thread_metadata_update(
+    *, thread: Thread, metadata: dict[str, Any], actor: Actor
+) -> Thread:
+    """Merge `metadata` into the thread's (the same rules as at creation)."""
+    thread = Thread.objects.select_for_update().get(pk=thread.pk)
+    clear, subject = _metadata_for(_thread_spec(thread), metadata)
+    thread.metadata = {**thread.metadata, **clear}
+    if subject:
+        thread.subject_hash = subject
+    thread.save(update_fields=["metadata", "subject_hash", "updated_at"])
+    thread_event(
+        thread=thread,
+        kind=events.THREAD_METADATA_CHANGED,
+        actor=actor,
+        data={"keys": ", ".join(sorted(metadata)) or "none"},
+    )
+    return thread
+
+
+@transaction.atomic
+def thread_copy(
+    *, thread: Thread, actor: Actor, thread_id: str | None = None
+) -> Thread:
+    """A new thread with the same agent, metadata and checkpoints (re-encrypted
+    under its own key). Only a quiet thread is copied: a copy of a thread
+    waiting on an interrupt would be a second way past it."""
+    thread = Thread.objects.select_for_update().get(pk=thread.pk)
+    _require_quiet(thread)
+    if thread.status == Thread.Status.INTERRUPTED:
+        raise StateConflict(
+            f"thread {thread.thread_id} is waiting on an interrupt; copy it once "
+            "the interrupt is resolved",
+            code="thread_interrupted",
+        )
+    thread_id = thread_id or str(uuid.uuid4())
+    _check_thread_id(thread_id)
+    copy = Thread.objects.create_with_data_key(
+        tenant=thread.tenant,
+        thread_id=thread_id,
+        agent_name=thread.agent_name,
+        agent_version=thread.agent_version,
+        status=thread.status,
+        metadata=thread.metadata,
+        subject_hash=thread.subject_hash,
+    )
+    DjangoSaver(tenant=thread.tenant).copy_thread(thread.thread_id, copy.thread_id)
+    thread_event(
+        thread=copy,
+        kind=events.THREAD_COPIED,
+        actor=actor,
+        data={"source_thread_id": thread.thread_id},
+    )
+    return copy
 
 
 def _require_quiet(thread: Thread) -> None:
@@ -125,22 +246,32 @@ def _require_checkpoint(graph, thread: Thread, checkpoint_id: str):
     return snapshot
 
 
-def thread_state(*, thread: Thread, actor: Actor, checkpoint_id: str | None = None):
-    """The thread's state (latest, or at a checkpoint), decrypted; audited."""
+def thread_state(
+    *,
+    thread: Thread,
+    actor: Actor,
+    checkpoint_id: str | None = None,
+    subgraphs: bool = False,
+):
+    """The thread's state (latest, or at a checkpoint), decrypted; audited.
+    `subgraphs` reads the state of subgraphs that are mid-run too."""
     if not thread.agent_version:
         return None
     graph = compile_for(thread)
     if checkpoint_id:
         snapshot = _require_checkpoint(graph, thread, checkpoint_id)
+        if subgraphs:
+            snapshot = graph.get_state(
+                thread_config(thread, checkpoint_id), subgraphs=True
+            )
     else:
-        snapshot = graph.get_state(thread_config(thread))
+        snapshot = graph.get_state(thread_config(thread), subgraphs=subgraphs)
         if snapshot.created_at is None:
             return None
-    record(
-        tenant=thread.tenant,
+    thread_event(
+        thread=thread,
         kind=events.STATE_READ,
         actor=actor,
-        thread_id=thread.thread_id,
         data={"checkpoint_id": snapshot.config["configurable"]["checkpoint_id"]},
     )
     return snapshot
@@ -159,6 +290,44 @@ def thread_interrupts_read(*, thread: Thread, actor: Actor) -> list[dict[str, An
             data={"interrupts": len(interrupts)},
         )
     return interrupts
+
+
+def thread_history(
+    *,
+    thread: Thread,
+    actor: Actor,
+    limit: int,
+    before: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> list:
+    """Checkpoints with their values, newest first, decrypted; audited."""
+    if not thread.agent_version:
+        return []
+    graph = compile_for(thread)
+    snapshots = list(
+        graph.get_state_history(
+            thread_config(thread),
+            limit=limit,
+            before=thread_config(thread, before) if before else None,
+            filter=metadata or None,
+        )
+    )
+    thread_event(
+        thread=thread,
+        kind=events.HISTORY_READ,
+        actor=actor,
+        data={"count": len(snapshots)},
+    )
+    return snapshots
+
+
+def thread_latest_checkpoint_id(thread: Thread) -> str | None:
+    if not thread.agent_version:
+        return None
+    snapshot = compile_for(thread).get_state(thread_config(thread))
+    if snapshot.created_at is None:
+        return None
+    return snapshot.config["configurable"]["checkpoint_id"]
 
 
 def thread_fork(
@@ -213,11 +382,10 @@ def thread_fork(
             next_nodes=graph.get_state(new_config).next,
             doing="this fork",
         )
-        record(
-            tenant=thread.tenant,
+        thread_event(
+            thread=thread,
             kind=events.THREAD_FORKED,
             actor=actor,
-            thread_id=thread.thread_id,
             data={
                 "checkpoint_id": new_id,
                 "parent_checkpoint_id": checkpoint_id,

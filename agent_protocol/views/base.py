@@ -1,0 +1,79 @@
+"""What every Agent Protocol view shares: authentication, scope, lookups."""
+
+from __future__ import annotations
+
+from rest_framework import exceptions, status
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agent_protocol.access import AUTHENTICATION, PERMISSIONS
+from runs.api.errors import ApiError
+from runs.models import Run, Scope, Thread
+
+
+class ProtocolView(APIView):
+    authentication_classes = AUTHENTICATION
+    permission_classes = PERMISSIONS
+    required_scope = Scope.RUNS
+    # Not part of /api/v1's OpenAPI document: the Agent Protocol is described
+    # by LangGraph's SDKs, and what Gatehouse does with it by
+    # docs/langgraph-clients.md.
+    schema = None
+
+    def thread(self, thread_id: str) -> Thread:
+        """The caller's tenant's thread: another tenant's is not found."""
+        thread = (
+            Thread.objects.for_tenant(self.request.principal.tenant)
+            .select_related("tenant")
+            .filter(thread_id=thread_id)
+            .first()
+        )
+        if thread is None:
+            raise exceptions.NotFound(f"Thread {thread_id} not found.")
+        return thread
+
+    def run(self, thread: Thread, run_id) -> Run:
+        run = Run.objects.filter(thread=thread, pk=run_id).first()
+        if run is None:
+            raise exceptions.NotFound(f"Run {run_id} not found.")
+        return run
+
+
+class EventStreamRenderer(JSONRenderer):
+    """Lets a client that accepts only text/event-stream reach a streaming
+    view; an error before the stream starts is still the JSON error body."""
+
+    media_type = "text/event-stream"
+
+
+class StreamingView(ProtocolView):
+    renderer_classes = [JSONRenderer, EventStreamRenderer]
+
+
+class NotSupported(ApiError):
+    """A LangGraph endpoint Gatehouse answers with a clear refusal (listed in
+    docs/langgraph-clients.md), never a bare 404."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            message,
+            code="not_supported",
+            status_code=status.HTTP_405_METHOD_NOT_ALLOWED,
+        )
+
+
+def refusal(message: str):
+    """A view class that answers every method with NotSupported(message)."""
+
+    class Refusal(StreamingView):
+        def _refuse(self, request, *args, **kwargs):
+            raise NotSupported(message)
+
+        get = post = put = patch = delete = _refuse
+
+    return Refusal
+
+
+def no_content() -> Response:
+    return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,313 @@
+"""Run stream events: what the worker executing a run publishes, in order, for
+web processes to relay as Server-Sent Events and for waiting calls to wake on.
+
+A run's events form one ordered log. Each event has
+
+- an id, ``"<attempt>-<seq>"``: the claim attempt that published it (a run
+  taken over after its worker was lost publishes under the next attempt) and
+  its place within that attempt. Ids only grow, so a client that reconnects
+  with ``Last-Event-ID`` gets exactly the events after the last one it saw;
+- a name: ``metadata`` first (the run id and the attempt), then LangGraph's
+  stream parts as the graph yields them (``values``, ``updates``, ``messages``
+  for the messages-tuple mode, ``custom``, ``debug``, ``tasks``,
+  ``checkpoints``; ``<mode>|<namespace>`` from a subgraph), and last ``end``,
+  whose data is the run's outcome (status, final values, error);
+- data: JSON, encrypted with the thread's key and bound to the run and the
+  event id (`row = ("stream-event", run id, attempt, seq)`). Stream events
+  carry what the agent and the user wrote: they are never stored in clear,
+  not even in Redis, and a shredded thread's events are unreadable at once.
+
+Where the log lives (``GATEHOUSE_STREAM_URL``):
+
+- a Redis stream per run (``gh:run:<run id>:events``) in production: the
+  worker appends with ``XADD`` under the event's own id, so an attempt that
+  lost its lease to a newer one can no longer append; readers block in
+  ``XREAD`` and wake the moment an event lands;
+- ``RunStreamEvent`` rows in the embedded mode (no Redis), which readers
+  poll every ``POLL_INTERVAL`` seconds.
+
+Events expire ``GATEHOUSE_STREAM_TTL_SECONDS`` after a run's last event (Redis
+key expiry; the `runs.expire_stream_events` beat job for rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import redis
+import redis.asyncio
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from runs.crypto import ThreadCipher
+from runs.models import RunStreamEvent
+from runs.selectors import jsonable
+
+logger = logging.getLogger(__name__)
+
+METADATA = "metadata"
+END = "end"
+DATABASE = "database"
+# How often a reader of the database backend looks for new rows.
+POLL_INTERVAL = 0.05
+# Events read at most per round trip.
+BATCH = 500
+
+
+@dataclass(frozen=True, order=True)
+class EventId:
+    attempt: int
+    seq: int
+
+    def __str__(self) -> str:
+        return f"{self.attempt}-{self.seq}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> EventId | None:
+        """The id a client sent back (Last-Event-ID); None if it is not one."""
+        attempt, dash, seq = (text or "").strip().partition("-")
+        if not dash or not attempt.isdigit() or not seq.isdigit():
+            return None
+        return cls(int(attempt), int(seq))
+
+
+# Before every event: reading after it reads the whole log. Attempts start at 1.
+START = EventId(0, 0)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    id: EventId
+    name: str
+    data: bytes  # JSON
+
+
+def _row(run_id, event_id: EventId) -> tuple:
+    return ("stream-event", str(run_id), event_id.attempt, event_id.seq)
+
+
+def encode(data: Any) -> bytes:
+    return json.dumps(jsonable(data), separators=(",", ":")).encode()
+
+
+class StaleAttempt(Exception):
+    """A newer attempt of the run has published: this one lost its lease."""
+
+
+class RedisLog:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._sync: redis.Redis | None = None
+        # One client per event loop: an asyncio connection belongs to its loop.
+        self._async: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def key(run_id) -> str:
+        return f"gh:run:{run_id}:events"
+
+    def _client(self) -> redis.Redis:
+        if self._sync is None:
+            self._sync = redis.Redis.from_url(self.url)
+        return self._sync
+
+    def _async_client(self) -> redis.asyncio.Redis:
+        loop = asyncio.get_running_loop()
+        client = self._async.get(loop)
+        if client is None:
+            client = redis.asyncio.Redis.from_url(self.url)
+            self._async[loop] = client
+        return client
+
+    def append(self, run_id, event_id: EventId, name: str, blob: bytes) -> None:
+        pipe = self._client().pipeline(transaction=False)
+        pipe.xadd(self.key(run_id), {"e": name, "d": blob}, id=str(event_id))
+        pipe.expire(self.key(run_id), settings.GATEHOUSE_STREAM_TTL_SECONDS)
+        try:
+            pipe.execute()
+        except redis.ResponseError as exc:
+            if "equal or smaller" in str(exc):
+                raise StaleAttempt(str(exc)) from None
+            raise
+
+    async def read(
+        self, run_id, after: EventId, timeout: float
+    ) -> list[tuple[EventId, str, bytes]]:
+        reply = await self._async_client().xread(
+            {self.key(run_id): str(after)},
+            count=BATCH,
+            block=max(1, int(timeout * 1000)),
+        )
+        return [
+            (EventId.parse(entry_id.decode()), fields[b"e"].decode(), fields[b"d"])
+            for _key, entries in reply or ()
+            for entry_id, fields in entries
+        ]
+
+    async def tail(self, run_id) -> list[tuple[EventId, str]]:
+        entries = await self._async_client().xrevrange(self.key(run_id), count=2)
+        return [
+            (EventId.parse(entry_id.decode()), fields[b"e"].decode())
+            for entry_id, fields in entries
+        ]
+
+
+class DatabaseLog:
+    def append(self, run_id, event_id: EventId, name: str, blob: bytes) -> None:
+        RunStreamEvent.objects.create(
+            run_id=run_id,
+            attempt=event_id.attempt,
+            seq=event_id.seq,
+            event=name,
+            data=blob,
+        )
+
+    @staticmethod
+    def _rows(run_id, after: EventId) -> list[tuple[EventId, str, bytes]]:
+        rows = (
+            RunStreamEvent.objects.filter(run_id=run_id)
+            .filter(
+                Q(attempt__gt=after.attempt)
+                | Q(attempt=after.attempt, seq__gt=after.seq)
+            )
+            .order_by("attempt", "seq")
+            .values_list("attempt", "seq", "event", "data")[:BATCH]
+        )
+        return [
+            (EventId(attempt, seq), event, bytes(data))
+            for attempt, seq, event, data in rows
+        ]
+
+    @staticmethod
+    def _tail(run_id) -> list[tuple[EventId, str]]:
+        rows = (
+            RunStreamEvent.objects.filter(run_id=run_id)
+            .order_by("-attempt", "-seq")
+            .values_list("attempt", "seq", "event")[:2]
+        )
+        return [(EventId(attempt, seq), event) for attempt, seq, event in rows]
+
+    async def tail(self, run_id) -> list[tuple[EventId, str]]:
+        return await sync_to_async(self._tail)(run_id)
+
+    async def read(
+        self, run_id, after: EventId, timeout: float
+    ) -> list[tuple[EventId, str, bytes]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            rows = await sync_to_async(self._rows)(run_id, after)
+            remaining = deadline - loop.time()
+            if rows or remaining <= 0:
+                return rows
+            await asyncio.sleep(min(POLL_INTERVAL, remaining))
+
+
+_logs: dict[str, RedisLog | DatabaseLog] = {}
+
+
+def log() -> RedisLog | DatabaseLog:
+    """The log that GATEHOUSE_STREAM_URL names (one per URL and process)."""
+    url = settings.GATEHOUSE_STREAM_URL
+    if url not in _logs:
+        _logs[url] = DatabaseLog() if url == DATABASE else RedisLog(url)
+    return _logs[url]
+
+
+class Publisher:
+    """Publishes one claim attempt's events of a run, in order.
+
+    After a `StaleAttempt` (the run was taken over by a newer attempt) it
+    publishes nothing more: the newer attempt's worker owns the log.
+    """
+
+    def __init__(self, *, run_id, attempt: int, cipher: ThreadCipher) -> None:
+        self.run_id = run_id
+        self.attempt = attempt
+        self.cipher = cipher
+        self.seq = 0
+        self.stale = False
+
+    def publish(self, name: str, data: Any) -> None:
+        if self.stale:
+            return
+        event_id = EventId(self.attempt, self.seq)
+        self.seq += 1
+        blob = self.cipher.encrypt(encode(data), row=_row(self.run_id, event_id))
+        try:
+            log().append(self.run_id, event_id, name, blob)
+        except StaleAttempt:
+            logger.warning("run %s: attempt %s is stale", self.run_id, self.attempt)
+            self.stale = True
+
+
+def outcome(
+    *,
+    status: str,
+    values: Any = None,
+    interrupts: list | None = None,
+    error: dict | None = None,
+) -> dict:
+    """The data of a run's `end` event: its status, the thread's values when
+    it stopped, the interrupts it stopped on, and its error."""
+    return {
+        "status": status,
+        "values": values,
+        "interrupts": interrupts or [],
+        "error": error,
+    }
+
+
+async def live_start(run_id) -> EventId:
+    """Where a reader that wants only what comes from now on starts: after
+    the last event, or just before a run's `end` (a late reader still gets
+    the end at once)."""
+    tail = await log().tail(run_id)
+    if not tail:
+        return START
+    (last_id, last_name), *earlier = tail
+    if last_name != END:
+        return last_id
+    return earlier[0][0] if earlier else START
+
+
+async def follow(
+    *, run_id, cipher: ThreadCipher, after: EventId = START, idle: float = 5.0
+) -> AsyncIterator[StreamEvent | None]:
+    """The run's events after `after`, as they are published; None after each
+    `idle` seconds without one (the caller checks the run then)."""
+    while True:
+        batch = await log().read(run_id, after, idle)
+        if not batch:
+            yield None
+            continue
+        for event_id, name, blob in batch:
+            after = event_id
+            yield StreamEvent(
+                id=event_id,
+                name=name,
+                data=cipher.decrypt(blob, row=_row(run_id, event_id)),
+            )
+
+
+def expire_events(*, batch_size: int = 5000) -> int:
+    """Delete the database backend's events past their time to live."""
+    cutoff = timezone.now() - timedelta(seconds=settings.GATEHOUSE_STREAM_TTL_SECONDS)
+    deleted = 0
+    while True:
+        pks = list(
+            RunStreamEvent.objects.filter(created_at__lt=cutoff).values_list(
+                "pk", flat=True
+            )[:batch_size]
+        )
+        if not pks:
+            return deleted
+        deleted += RunStreamEvent.objects.filter(pk__in=pks).delete()[0]
