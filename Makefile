@@ -65,3 +65,10 @@ bench-audit: $(VENV)/.dev
 # a busy machine, or a short run: make bench-peers ARGS=--quick.
 bench-peers: $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) bench/peers.py $(ARGS)
+
+.PHONY: bench-stream
+
+# The Agent Protocol over the SDK: resume -> finished through runs.wait, join and
+# stream, first-event latency, flows/s at concurrency 20 (own database; Redis db 12, flushed: ARGS=--redis-db=N).
+bench-stream: $(VENV)/.dev
+	$(PY) bench/stream.py $(ARGS)

@@ -158,6 +158,15 @@ RUN_CANCEL_REQUESTED = _declare(
 TOOL_CALL_STARTED = _declare("tool_call.started", "{tool} called with key {key}")
 TOOL_CALL_SUCCEEDED = _declare("tool_call.succeeded", "{tool} succeeded (key {key})")
 
+# Webhooks
+WEBHOOK_SUBSCRIBED = _declare(
+    "webhook.subscribed",
+    "webhook subscription to {target} created ({events})",
+)
+WEBHOOK_UNSUBSCRIBED = _declare(
+    "webhook.unsubscribed", "webhook subscription to {target} deleted"
+)
+
 # Approvals
 APPROVAL_REQUESTED = _declare(
     "approval.requested", "approval requested for {action} (risk {risk})"

@@ -4,8 +4,10 @@ use cases: tombstones of deleted threads, the retention purge, verification."""
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
@@ -23,7 +25,10 @@ from audit.models import (
     AuditVerification,
 )
 from audit.redaction import clean_data
+from audit.signals import event_recorded
 from runs.models import Tenant
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,7 @@ def record(
     summary = declared.summarise(**context)
     with transaction.atomic():
         seq, occurred_at = _next_seq(tenant.pk, timezone.now())
-        return AuditEvent.objects.create(
+        event = AuditEvent.objects.create(
             tenant=tenant,
             seq=seq,
             occurred_at=occurred_at,
@@ -149,6 +154,18 @@ def record(
             summary=summary[:500],
             data=cleaned,
         )
+        transaction.on_commit(partial(announce_event, event), robust=True)
+        return event
+
+
+def announce_event(event: AuditEvent) -> None:
+    """Send audit.signals.event_recorded for a committed event (the on-commit
+    callback that record() registers)."""
+    for receiver, outcome in event_recorded.send_robust(sender=AuditEvent, event=event):
+        if isinstance(outcome, Exception):
+            logger.error(
+                "audit event %s: receiver %s failed: %r", event.pk, receiver, outcome
+            )
 
 
 def thread_tombstone_record(

@@ -116,6 +116,7 @@ INSTALLED_APPS = [
     "approvals",
     "retention",
     "demo",
+    "webhooks",
     "agent_protocol",
 ]
 
@@ -417,6 +418,21 @@ GATEHOUSE_STREAM_URL = env.str(
 # How long a run's stream events are kept after its last one: a client can
 # rejoin a stream (Last-Event-ID) that long.
 GATEHOUSE_STREAM_TTL_SECONDS = env.int("GATEHOUSE_STREAM_TTL_SECONDS", default=3600)
+# Webhooks (webhooks.services): whether targets may be loopback or private
+# addresses (the embedded mode's default, and the tests'; not in production),
+# the timeout of one attempt, the first retry's delay (doubling up to an hour),
+# and the attempts before a delivery is given up.
+GATEHOUSE_WEBHOOK_ALLOW_PRIVATE = env.bool(
+    "GATEHOUSE_WEBHOOK_ALLOW_PRIVATE",
+    default=GATEHOUSE_EMBEDDED,
+)
+GATEHOUSE_WEBHOOK_TIMEOUT_SECONDS = env.float(
+    "GATEHOUSE_WEBHOOK_TIMEOUT_SECONDS", default=10.0
+)
+GATEHOUSE_WEBHOOK_RETRY_SECONDS = env.float(
+    "GATEHOUSE_WEBHOOK_RETRY_SECONDS", default=10.0
+)
+GATEHOUSE_WEBHOOK_MAX_ATTEMPTS = env.int("GATEHOUSE_WEBHOOK_MAX_ATTEMPTS", default=8)
 # Versions that start no new threads: "name@version,...".
 GATEHOUSE_DRAINING_AGENTS = env.list("GATEHOUSE_DRAINING_AGENTS", default=[])
 

@@ -10,6 +10,7 @@ api_v1 = [
     path("", include("approvals.api.urls")),
     path("audit/", include("audit.api.urls")),
     path("", include("retention.api.urls")),
+    path("", include("webhooks.api.urls")),
     path("schema", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path(
         "docs",

@@ -27,10 +27,10 @@ EXECUTE_RUN = "runs.execute_run"
 RECOVER_STALLED_RUNS = "runs.recover_stalled_runs"
 
 
-def task_send_on_commit(name: str, *args: Any) -> None:
+def task_send_on_commit(name: str, *args: Any, **options: Any) -> None:
     """Send the task `name` when the current transaction commits (at once,
-    outside a transaction)."""
-    current_app.tasks[name].delay_on_commit(*args)
+    outside a transaction); `options` are Celery's (`countdown=`, ...)."""
+    current_app.tasks[name].apply_async_on_commit(args, **options)
 
 
 def run_dispatch(run_id) -> None:

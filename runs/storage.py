@@ -333,6 +333,8 @@ class RotationSummary:
     # Wrapped by a master key that is no longer in the ring.
     unreadable: dict[str, int] = field(default_factory=dict)
     rewrapped_by_tenant: dict[int, int] = field(default_factory=dict)
+    # Other keys that models declare (runs.models.WrappedKey), by model label.
+    rewrapped_other: dict[str, int] = field(default_factory=dict)
 
 
 def data_keys_rotate(
@@ -403,4 +405,31 @@ def data_keys_rotate(
         if not pending.exclude(pk__in=unreadable_pks).exists():
             break
     summary.busy = pending.exclude(pk__in=unreadable_pks).count()
+    summary.rewrapped_other = _declared_keys_rotate(ring, db)
     return summary
+
+
+def _declared_keys_rotate(ring: crypto.KeyRing, db: str) -> dict[str, int]:
+    """Rewrap the keys other models declare (a webhook subscription's signing
+    key): few rows, one transaction per model."""
+    rewrapped: dict[str, int] = {}
+    for model in apps.get_models():
+        for key in getattr(model, "wrapped_keys", ()):
+            rows = (
+                model.objects.using(db)
+                .exclude(**{key.key_id: ring.active_id})
+                .filter(**{f"{key.key_id}__in": list(ring.keys)})
+            )
+            with transaction.atomic(using=db):
+                for row in rows.select_for_update():
+                    new = crypto.rewrap_data_key(
+                        wrapped=bytes(getattr(row, key.wrapped)),
+                        key_id=getattr(row, key.key_id),
+                        tenant_id=getattr(row, key.tenant),
+                    )
+                    setattr(row, key.wrapped, new.wrapped)
+                    setattr(row, key.key_id, new.key_id)
+                    row.save(update_fields=[key.wrapped, key.key_id])
+                    label = model._meta.label
+                    rewrapped[label] = rewrapped.get(label, 0) + 1
+    return rewrapped

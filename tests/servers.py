@@ -1,15 +1,15 @@
 """The production web server for tests that drive Gatehouse over HTTP.
 
-gunicorn with uvicorn workers over ASGI (config.asgi), as production runs it
-(docs/configuration.md), on a free port, against the test database and the
-test broker, in its own process group.
+gunicorn with uvicorn workers over ASGI (config/gunicorn_conf.py,
+config.asgi), as production runs it, on a free port, against the test
+database and the test broker, in its own process group, with the test
+settings (tests/deployment/ starts it with a production environment instead).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +17,8 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 
+from tests.deployment.processes import free_port
 from tests.workers import ROOT, test_database_url, wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LiveServer:
@@ -39,15 +34,15 @@ class LiveServer:
                 sys.executable,
                 "-m",
                 "gunicorn",
-                "config.asgi:application",
-                "--worker-class",
-                "uvicorn_worker.UvicornWorker",
+                "--config",
+                "config/gunicorn_conf.py",
                 "--workers",
                 str(workers),
                 "--bind",
                 f"127.0.0.1:{self.port}",
                 "--graceful-timeout",
                 "5",
+                "config.asgi:application",
             ],
             cwd=ROOT,
             env={

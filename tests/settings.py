@@ -27,6 +27,9 @@ os.environ.setdefault(
 # Short leases so that a killed worker's run is taken over within seconds.
 os.environ.setdefault("GATEHOUSE_RUN_LEASE_SECONDS", "3")
 os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")
+# Webhook receivers of the tests listen on 127.0.0.1, and retry at once.
+os.environ.setdefault("GATEHOUSE_WEBHOOK_ALLOW_PRIVATE", "true")
+os.environ.setdefault("GATEHOUSE_WEBHOOK_RETRY_SECONDS", "0.2")
 
 from config.settings import *  # noqa: E402,F403
 from tests.docs_examples import registrations  # noqa: E402

@@ -10,6 +10,7 @@ events by agent_protocol.relay, in the web process's event loop.
 
 from __future__ import annotations
 
+from django.db import transaction
 from django.http import StreamingHttpResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -22,6 +23,7 @@ from agent_protocol.requests import (
     stream_modes,
     validated,
 )
+from agent_protocol.run_webhooks import run_webhook_register
 from agent_protocol.views.base import (
     NotSupported,
     ProtocolView,
@@ -49,17 +51,17 @@ def _assistant(body: dict) -> catalog.Resolved:
     return resolved
 
 
-def _refuse_webhook(body: dict) -> None:
-    if body.get("webhook"):
-        raise InvalidRequest(
-            "per-run webhooks are not enabled on this server", field="webhook"
-        )
-
-
+@transaction.atomic
 def create_run(request, thread: Thread, body: dict) -> Run:
-    """Start or resume a run of `thread` as the body asks."""
+    """Start or resume a run of `thread` as the body asks, with its webhook."""
+    run = _queue_run(request, thread, body)
+    if body.get("webhook"):
+        run_webhook_register(run=run, thread=thread, url=body["webhook"])
+    return run
+
+
+def _queue_run(request, thread: Thread, body: dict) -> Run:
     resolved = _assistant(body)
-    _refuse_webhook(body)
     options = services.RunOptions(
         stream_modes=body["stream_modes"],
         stream_subgraphs=body["stream_subgraphs"],

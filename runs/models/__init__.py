@@ -1,5 +1,5 @@
 from runs.models.checkpoints import ChannelBlob, Checkpoint, PendingWrite
-from runs.models.content import ThreadContent
+from runs.models.content import ThreadContent, WrappedKey
 from runs.models.execution import Run
 from runs.models.replay import RecordedValue
 from runs.models.streaming import RunStreamEvent
@@ -31,6 +31,7 @@ __all__ = [
     "TenantOwnedQuerySet",
     "Thread",
     "ThreadContent",
+    "WrappedKey",
     "ThreadQuerySet",
     "ToolCall",
 ]

@@ -22,3 +22,17 @@ class ThreadContent:
     empty: bytes | None = None
     # The lookup path from the model to its Thread.
     thread: str = "thread"
+
+
+@dataclass(frozen=True)
+class WrappedKey:
+    """A key a model stores wrapped by the master key ring, as a thread's data
+    key is: `manage.py rotate_master_key` rewraps it too
+    (runs.storage.data_keys_rotate), so no key is left under a master key
+    about to leave the ring. A model sets `wrapped_keys = (WrappedKey(...),)`."""
+
+    # The columns of the wrapped key, of the id of the master key that wraps
+    # it, and of the tenant it is bound to.
+    wrapped: str
+    key_id: str
+    tenant: str = "tenant_id"

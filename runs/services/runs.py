@@ -518,4 +518,3 @@ def run_output_read(*, run: Run, thread: Thread, actor: Actor, how: str) -> None
         run=run,
         data={"how": how},
     )
-

@@ -121,6 +121,8 @@ def test_every_model_that_stores_thread_ciphertext_declares_it():
         PendingWrite: {"value"},
         # Digests of sealed audit events, not content.
         apps.get_model("audit", "AuditBlock"): {"leaves"},
+        # A tenant's webhook signing key, wrapped like a thread's data key.
+        apps.get_model("webhooks", "WebhookSubscription"): {"wrapped_secret"},
     }
     undeclared = {}
     for model in apps.get_models():

@@ -60,6 +60,8 @@ class Command(BaseCommand):
             f"already current {summary.already_current}, "
             f"shredded {summary.shredded}, busy {summary.busy}."
         )
+        for label, count in sorted(summary.rewrapped_other.items()):
+            self.stdout.write(f"Also rewrapped {count} key(s) of {label}.")
         if summary.busy:
             self.stdout.write(
                 f"{summary.busy} threads were locked by a deletion in progress; "

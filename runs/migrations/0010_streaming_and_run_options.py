@@ -40,7 +40,7 @@ def unregister_expiry(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("runs", "0008_recorded_values"),
+        ("runs", "0009_personal_api_keys"),
         ("django_celery_beat", "0019_alter_periodictasks_options"),
     ]
 

@@ -1,0 +1,367 @@
+"""The Agent Protocol over the official langgraph-sdk: how soon a run's end
+reaches the client, and how many complete flows the platform carries.
+
+Production mode: Postgres, Redis (broker and stream events), gunicorn with
+uvicorn workers (config.asgi) and two Celery worker processes. The agent asks
+the user a question (an input interrupt) and ends once resumed: one step
+before the interrupt, one after, so the figures are the platform's, not an
+agent's. Measured, each on a fresh thread, one at a time:
+
+- start -> interrupted through `runs.wait`;
+- resume -> finished (a `command={"resume": ...}`), through `runs.wait`,
+  through `runs.create` + `runs.join`, and through `runs.stream` (to its
+  `end` event), taking turns so that a busy moment falls on all three;
+- first-event latency of `runs.stream` (the request sent -> its first event);
+
+then complete flows (create a thread, `runs.wait` to the interrupt,
+`runs.wait` with the resume) with `--concurrency` clients at once.
+
+    python bench/stream.py [--samples 90] [--flows 200] [--concurrency 20]
+
+Uses its own database (gatehouse_bench_stream, recreated) and Redis database
+`--redis-db` (12, flushed). Writes its section of docs/benchmarks.md (`--no-write`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+DB_NAME = "gatehouse_bench_stream"
+PG = "postgres://postgres@127.0.0.1:5432"
+AGENT = "ask"
+TITLE = "Agent Protocol: waiting and streaming"
+
+
+def configure(redis_db: int) -> None:
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DATABASE_URL": f"{PG}/{DB_NAME}",
+            "CELERY_BROKER_URL": f"redis://127.0.0.1:6379/{redis_db}",
+            "GATEHOUSE_STREAM_URL": f"redis://127.0.0.1:6379/{redis_db}",
+            "SECRET_KEY": "bench",
+            "DEBUG": "false",
+            "GATEHOUSE_MASTER_KEYS": "bench:"
+            + "QkVOQ0hNQVJLLUtFWS0zMi1CWVRFUy1MT05HLi4uLi4=",
+            "GATEHOUSE_THROTTLE_RATE": "10000000/minute",
+            "ALLOWED_HOSTS": "127.0.0.1",
+            "GATEHOUSE_AGENTS": f"{AGENT}@1=tests.agents:question_graph",
+        }
+    )
+
+
+def recreate_database() -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DB_NAME}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(command: list[str], name: str) -> subprocess.Popen:
+    log = open(f"/tmp/gatehouse-bench-stream-{name}.log", "w")  # noqa: SIM115
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=os.environ.copy(),
+        start_new_session=True,
+    )
+
+
+def start_platform(web_workers: int, run_workers: int) -> tuple[str, list]:
+    import httpx
+
+    port = free_port()
+    processes = [
+        start(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "config.asgi:application",
+                "--worker-class",
+                "uvicorn_worker.UvicornWorker",
+                "--workers",
+                str(web_workers),
+                "--bind",
+                f"127.0.0.1:{port}",
+            ],
+            "web",
+        )
+    ]
+    for index in range(run_workers):
+        processes.append(
+            start(
+                [
+                    *(sys.executable, "-m", "celery", "-A", "config", "worker"),
+                    "--pool=prefork",
+                    "--concurrency=1",
+                    "--loglevel=WARNING",
+                    f"--hostname=benchstream{index}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                ],
+                f"worker{index}",
+            )
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the web server did not start")
+        time.sleep(0.2)
+    time.sleep(5)  # let the workers connect to the broker
+    return url, processes
+
+
+def stop(processes) -> None:
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def api_key() -> str:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from audit.services import Actor
+    from runs import services
+
+    call_command("migrate", verbosity=0)
+    tenant = services.tenant_create(
+        slug="bench", name="Bench", actor=Actor.system("bench")
+    )
+    return services.api_key_create(
+        tenant=tenant, name="bench", scopes=["runs"], actor=Actor.system("bench")
+    ).secret
+
+
+def client_for(url: str, key: str):
+    from langgraph_sdk import get_sync_client
+
+    return get_sync_client(url=f"{url}/langgraph", api_key=key)
+
+
+def interrupted_thread(client) -> tuple[str, float]:
+    thread_id = client.threads.create(metadata={"graph_id": AGENT})["thread_id"]
+    started = time.perf_counter()
+    output = client.runs.wait(thread_id, AGENT, input={})
+    elapsed = time.perf_counter() - started
+    assert output["__interrupt__"], output
+    return thread_id, elapsed
+
+
+RESUME = {"resume": "order A-1"}
+
+
+def resume_wait(client, thread_id) -> float:
+    started = time.perf_counter()
+    output = client.runs.wait(thread_id, AGENT, command=RESUME)
+    elapsed = time.perf_counter() - started
+    assert output == {"answer": "order A-1"}, output
+    return elapsed
+
+
+def resume_join(client, thread_id) -> float:
+    started = time.perf_counter()
+    run = client.runs.create(thread_id, AGENT, command=RESUME)
+    output = client.runs.join(thread_id, run["run_id"])
+    elapsed = time.perf_counter() - started
+    assert output == {"answer": "order A-1"}, output
+    return elapsed
+
+
+def resume_stream(client, thread_id) -> tuple[float, float]:
+    started = time.perf_counter()
+    first = None
+    events = []
+    for part in client.runs.stream(
+        thread_id, AGENT, command=RESUME, stream_mode="values"
+    ):
+        first = first if first is not None else time.perf_counter() - started
+        events.append(part.event)
+    elapsed = time.perf_counter() - started
+    assert events[0] == "metadata" and events[-1] == "end", events
+    return elapsed, first
+
+
+def flow(client) -> float:
+    started = time.perf_counter()
+    thread_id, _ = interrupted_thread(client)
+    resume_wait(client, thread_id)
+    return time.perf_counter() - started
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def row(name: str, values: list[float]) -> str:
+    return (
+        f"| {name} | {len(values)} | {ms(statistics.median(values))} | "
+        f"{ms(percentile(values, 0.95))} | {ms(max(values))} |"
+    )
+
+
+def load() -> str:
+    return ", ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
+def measure(url: str, key: str, samples: int, flows: int, concurrency: int) -> dict:
+    client = client_for(url, key)
+    for _ in range(5):  # warm every process up
+        thread_id, _ = interrupted_thread(client)
+        resume_wait(client, thread_id)
+    results = {"start": [], "wait": [], "join": [], "stream": [], "first": []}
+    ways = itertools.cycle(["wait", "join", "stream"])
+    for _ in range(samples):
+        thread_id, elapsed = interrupted_thread(client)
+        results["start"].append(elapsed)
+        way = next(ways)
+        if way == "wait":
+            results["wait"].append(resume_wait(client, thread_id))
+        elif way == "join":
+            results["join"].append(resume_join(client, thread_id))
+        else:
+            total, first = resume_stream(client, thread_id)
+            results["stream"].append(total)
+            results["first"].append(first)
+    clients = [client_for(url, key) for _ in range(concurrency)]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        latencies = list(
+            pool.map(lambda i: flow(clients[i % concurrency]), range(flows))
+        )
+    results["wall"] = time.perf_counter() - started
+    results["flows"] = latencies
+    return results
+
+
+def section(results: dict, args) -> str:
+    import langgraph
+    import langgraph_sdk
+
+    rate = len(results["flows"]) / results["wall"]
+    resume_p50 = {
+        way: statistics.median(results[way]) for way in ("wait", "join", "stream")
+    }
+    met = all(value < 0.100 for value in resume_p50.values())
+    lines = [
+        f"## {TITLE} (`bench/stream.py`)",
+        "",
+        f"`make bench-stream`, run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        f"- Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, langgraph {langgraph.__version__ if hasattr(langgraph, '__version__') else ''}"
+        f" langgraph-sdk {langgraph_sdk.__version__}; PostgreSQL and Redis on the "
+        f"same machine; load average at the end {load()} (the machine is shared: "
+        "other work ran meanwhile).",
+        f"- Platform: gunicorn with {args.web_workers} uvicorn workers, "
+        f"{args.run_workers} Celery worker processes (prefork, concurrency 1), "
+        "stream events in Redis.",
+        "- Agent: one step to an input interrupt, one step once resumed "
+        "(`tests.agents:question_graph`). Every call through the official "
+        "langgraph-sdk (sync client), timed in the client.",
+        "",
+        "| measure | samples | p50 | p95 | max |",
+        "|---|---:|---:|---:|---:|",
+        row("start → interrupted, `runs.wait`", results["start"]),
+        row("resume → finished, `runs.wait`", results["wait"]),
+        row("resume → finished, `runs.create` + `runs.join`", results["join"]),
+        row("resume → finished, `runs.stream` to `end`", results["stream"]),
+        row("`runs.stream`: first event", results["first"]),
+        row(
+            f"complete flow at concurrency {args.concurrency}",
+            results["flows"],
+        ),
+        "",
+        f"Complete flows (thread, start → interrupted, resume → finished) at "
+        f"concurrency {args.concurrency}: **{rate:.1f} flows/s** "
+        f"({len(results['flows'])} in {results['wall']:.1f} s).",
+        "",
+        "Targets (on an idle machine):",
+        "",
+        f"- {'met' if met else 'MISSED'}: resume → finished under 100 ms at p50 "
+        "through each of `runs.wait`, `runs.join` and `runs.stream` ("
+        + ", ".join(f"{way} {ms(value)}" for way, value in resume_p50.items())
+        + ").",
+        f"- {'met' if rate >= 15 else 'MISSED'}: at least 15 complete flows/s at "
+        f"concurrency {args.concurrency} ({rate:.1f}).",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=90)
+    parser.add_argument("--flows", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=20)
+    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--run-workers", type=int, default=2)
+    parser.add_argument("--redis-db", type=int, default=12)
+    parser.add_argument(
+        "--no-write", action="store_true", help="print, leave docs/benchmarks.md"
+    )
+    args = parser.parse_args()
+    configure(args.redis_db)
+    recreate_database()
+    import redis
+
+    redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).flushdb()
+    key = api_key()
+    url, processes = start_platform(args.web_workers, args.run_workers)
+    try:
+        results = measure(url, key, args.samples, args.flows, args.concurrency)
+    finally:
+        stop(processes)
+    body = section(results, args)
+    print(body)
+    if not args.no_write:
+        from benchmarks_doc import write_section
+
+        write_section(TITLE, body)
+
+
+if __name__ == "__main__":
+    main()
