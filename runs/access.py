@@ -1,4 +1,5 @@
-"""Who may do what: the scopes that API keys carry and that roles grant.
+"""The caller of an API request (Principal): its tenant and its scopes, from
+its key or its membership (the role rules are runs.permissions).
 
 A service key carries scopes directly. A person acts through a membership,
 whose role grants scopes; some roles grant a scope for reading only. A
@@ -10,19 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runs.models import ApiKey, Membership, Role, Scope, Tenant
-
-# role -> (scopes with writes, scopes read-only)
-ROLE_SCOPES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    Role.REVIEWER: (frozenset({Scope.APPROVALS}), frozenset({Scope.RUNS})),
-    Role.COMPLIANCE_OFFICER: (
-        frozenset({Scope.APPROVALS}),
-        frozenset({Scope.RUNS, Scope.AUDIT}),
-    ),
-    Role.AUDITOR: (frozenset(), frozenset({Scope.RUNS, Scope.APPROVALS, Scope.AUDIT})),
-    # Manages keys, members and policies; deciding is for reviewers.
-    Role.TENANT_ADMIN: (frozenset({Scope.RUNS}), frozenset({Scope.AUDIT})),
-}
+from runs.models import ApiKey, Membership, Tenant
+from runs.permissions import ROLE_SCOPES
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -7,8 +8,13 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
 from audit.services import Actor
-from runs import services
-from runs.admin_scoping import TenantScopedAdmin, has_role, tenant_ids_for
+from runs import permissions, services
+from runs.admin_scoping import (
+    ScopedTenantFilter,
+    TenantScopedAdmin,
+    has_role,
+    tenant_ids_for,
+)
 from runs.models import ApiKey, Membership, Role, Scope, Tenant
 
 ADMIN_ROLES = {Role.TENANT_ADMIN}
@@ -57,12 +63,40 @@ class TenantAdmin(admin.ModelAdmin):
 @admin.register(Membership)
 class MembershipAdmin(TenantScopedAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
-    list_filter = ["role", "tenant"]
+    list_filter = ["role", ScopedTenantFilter]
     search_fields = ["user__username", "tenant__slug"]
     view_roles = {Role.COMPLIANCE_OFFICER, Role.AUDITOR}
     manage_roles = ADMIN_ROLES
 
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "user" and not request.user.is_superuser:
+            # The members of the tenants this user manages, and nobody else.
+            ids = tenant_ids_for(request.user, self.manage_roles)
+            kwargs["queryset"] = (
+                get_user_model()
+                .objects.filter(memberships__tenant_id__in=ids)
+                .exclude(pk=request.user.pk)
+                .distinct()
+                .order_by("username")
+            )
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def _own(self, request, obj) -> bool:
+        return obj is not None and obj.user_id == request.user.pk
+
+    def has_change_permission(self, request, obj=None):
+        if self._own(request, obj) and not request.user.is_superuser:
+            return False  # no one raises their own role
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        if self._own(request, obj) and not request.user.is_superuser:
+            return False
+        return super().has_delete_permission(request, obj)
+
     def save_model(self, request, obj, form, change):
+        if self._own(request, obj) and not request.user.is_superuser:
+            raise PermissionDenied
         membership = services.membership_set(
             tenant=obj.tenant,
             user=obj.user,
@@ -120,6 +154,20 @@ class PersonalKeyForm(forms.Form):
         ).order_by("slug")
 
 
+def _within_scopes(form_class, allowed: frozenset[str]):
+    """The key form offering, and accepting, only the scopes `allowed`: no one
+    issues a key that can do more than they can."""
+
+    class Within(form_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.fields["scopes"].choices = [
+                (value, label) for value, label in Scope.choices if value in allowed
+            ]
+
+    return Within
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(TenantScopedAdmin):
     list_display = [
@@ -133,7 +181,11 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "last_used_at",
         "revoked_at",
     ]
-    list_filter = ["kind", "tenant", ("revoked_at", admin.EmptyFieldListFilter)]
+    list_filter = [
+        "kind",
+        ScopedTenantFilter,
+        ("revoked_at", admin.EmptyFieldListFilter),
+    ]
     list_select_related = ["tenant", "user"]
     search_fields = ["name", "prefix"]
     readonly_fields = [
@@ -165,7 +217,10 @@ class ApiKeyAdmin(TenantScopedAdmin):
         if obj is None:
             kwargs["form"] = ApiKeyCreateForm
             kwargs["fields"] = ["tenant", "name", "scopes"]
-        return super().get_form(request, obj, change=change, **kwargs)
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if obj is None and not request.user.is_superuser:
+            return _within_scopes(form, permissions.role_scopes(Role.TENANT_ADMIN))
+        return form
 
     def get_readonly_fields(self, request, obj=None):
         return self.readonly_fields if obj else []

@@ -17,6 +17,7 @@ from approvals.api.serializers import (
 from approvals.models import ApprovalRequest
 from approvals.selectors import approval_view
 from approvals.services import Reviewer, approval_decide, approval_read
+from runs import permissions
 from runs.api.idempotency import IdempotentWrites
 from runs.api.serializers import ErrorSerializer
 from runs.api.views import actor_for
@@ -90,6 +91,7 @@ class ApprovalDetailView(APIView):
 
 class ApprovalDecisionView(IdempotentWrites, APIView):
     required_scope = Scope.APPROVALS
+    required_capability = permissions.DECIDE
 
     @extend_schema(
         request=DecideSerializer,

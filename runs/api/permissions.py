@@ -1,6 +1,8 @@
 """Binds each API request to one tenant and checks the view's scope.
 
-Views declare `required_scope` ("runs", "approvals" or "audit"); this default
+Views declare `required_scope` ("runs", "approvals" or "audit"), and some a
+`required_capability` as well (runs.permissions: reading decrypted state,
+deciding); this default
 permission class resolves the caller's tenant (request.principal) and refuses a
 missing scope with 403. A view without a declared scope is refused, so a new
 endpoint cannot be left open by forgetting one.
@@ -12,6 +14,7 @@ from rest_framework import exceptions, permissions
 
 from runs.access import Principal
 from runs.models import ApiKey, Membership
+from runs.permissions import can
 
 TENANT_HEADER = "X-Gatehouse-Tenant"
 
@@ -54,5 +57,11 @@ class TenantScopePermission(permissions.BasePermission):
             what = "write" if write else "read"
             raise exceptions.PermissionDenied(
                 f"This needs the '{scope}' scope ({what}), which the caller lacks."
+            )
+        capability = getattr(view, "required_capability", None)
+        if capability is not None and not can(principal, capability):
+            raise exceptions.PermissionDenied(
+                f"This needs the '{capability}' permission, which the caller's "
+                "role or key does not grant."
             )
         return True

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.services import Actor
-from runs import registry, selectors, services
+from runs import permissions, registry, selectors, services
 from runs.api.filters import ThreadFilter
 from runs.api.idempotency import IdempotentWrites
 from runs.api.serializers import (
@@ -223,6 +223,8 @@ class ResumeView(TenantThreadMixin, APIView):
 
 
 class StateView(TenantThreadMixin, APIView):
+    required_capability = permissions.READ_STATE
+
     @extend_schema(responses=StateSerializer, summary="The latest state (audited)")
     def get(self, request, thread_id, checkpoint_id=None):
         thread = self.get_thread()

@@ -14,9 +14,9 @@ from django.utils import timezone
 
 from audit import events
 from audit.services import Actor, record
-from runs.access import ROLE_SCOPES
 from runs.models import ApiKey, Membership, Role, Scope, Tenant
 from runs.models.tenancy import API_KEY_PREFIX_LENGTH
+from runs.permissions import ROLE_SCOPES
 
 _ALPHABET = string.ascii_letters + string.digits
 
