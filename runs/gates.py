@@ -164,24 +164,28 @@ def check_resume(*, thread: Thread, graph, resume: Any) -> None:
     """Refuse a resume that would continue a gate other than with the value
     its request was decided with.
 
-    A mapping whose keys are all interrupt ids (pending, or of a decided
-    request) resumes those interrupts; any other value resumes every pending
-    interrupt, as LangGraph reads it.
+    A mapping whose keys are all pending interrupt ids resumes those
+    interrupts; any other value counts as resuming every pending interrupt.
+    That includes a mapping that names an interrupt the thread no longer
+    waits on: LangGraph numbers the interrupts of one task and resumes the
+    task's next interrupt with a value keyed by its first one's id, so the
+    value of a settled gate, keyed by its id, would answer the next gate of
+    the same node.
     """
     pending = {
         interrupt.id: interrupt.value
         for interrupt in graph.get_state(thread_config(thread)).interrupts
     }
-    keeper = gatekeeper()
-    values: dict[str, Any] = {}
-    if isinstance(resume, Mapping) and resume:
-        keys = [str(key) for key in resume]
-        decided = keeper.decided_resumes(thread, keys)
-        if all(key in pending or key in decided for key in keys):
-            values = {str(key): value for key, value in resume.items()}
-    if not values:
+    if (
+        isinstance(resume, Mapping)
+        and resume
+        and all(str(key) in pending for key in resume)
+    ):
+        values = {str(key): value for key, value in resume.items()}
+    else:
         values = {interrupt_id: resume for interrupt_id in pending}
-        decided = keeper.decided_resumes(thread, list(values))
+    keeper = gatekeeper()
+    decided = keeper.decided_resumes(thread, list(values))
     blocked = [
         interrupt_id
         for interrupt_id, value in values.items()

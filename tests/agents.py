@@ -41,18 +41,19 @@ class GateState(TypedDict, total=False):
     answers: Annotated[list, operator.add]
 
 
+def _gate_payload(label: str) -> dict:
+    return {
+        "action": f"do_{label}",
+        "args": {"label": label},
+        "reason": f"because {label}",
+        "affects": f"the {label} thing",
+        "if_denied": "nothing happens",
+    }
+
+
 def _ask(label: str, *, slow_after: float = 0.0, payload: dict | None = None):
     def node(state: GateState) -> GateState:
-        answer = interrupt(
-            payload
-            or {
-                "action": f"do_{label}",
-                "args": {"label": label},
-                "reason": f"because {label}",
-                "affects": f"the {label} thing",
-                "if_denied": "nothing happens",
-            }
-        )
+        answer = interrupt(payload or _gate_payload(label))
         time.sleep(slow_after)
         return {"answers": [{label: answer}]}
 
@@ -89,6 +90,29 @@ def pair_graph() -> StateGraph:
     graph.add_edge("left", END)
     graph.add_edge("right", END)
     return graph
+
+
+def _ask_twice(state: GateState) -> GateState:
+    # Two gates in one node: LangGraph numbers a task's interrupts, and a
+    # resume keyed by the task's first interrupt id reaches its next one.
+    first = interrupt(_gate_payload("first"))
+    second = interrupt(_gate_payload("second"))
+    return {"answers": [{"first": first}, {"second": second}]}
+
+
+def twice_graph() -> StateGraph:
+    """Asks for two approvals in one node, one after the other."""
+    graph = StateGraph(GateState)
+    graph.add_node("ask", _ask_twice)
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    return graph
+
+
+twice_graph.actions = [
+    GatedAction(name="do_first", node="ask"),
+    GatedAction(name="do_second", node="ask"),
+]
 
 
 def incomplete_payload_graph() -> StateGraph:
