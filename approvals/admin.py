@@ -27,6 +27,7 @@ from approvals import dashboard, desk
 from approvals.edits import InvalidArgs
 from approvals.forms import AssignForm, DecisionForm, EditedArgsForm
 from approvals.models import PENDING_FIRST, ApprovalRequest
+from approvals.services import RequestChanged
 from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, tenant_ids_for
 from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict
@@ -395,6 +396,11 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             return self._render_card(
                 request, approval, card, opening, status=400, **forms
             )
+        except RequestChanged as exc:
+            # Shown the request as it is now, on a new page: the old one is
+            # not what an approval would approve.
+            messages.error(request, _error_text(exc))
+            return HttpResponseRedirect(self._card_url(approval))
         except (InvalidRequest, StateConflict) as exc:
             status = 409 if isinstance(exc, StateConflict) else 400
             return self._render_card(

@@ -376,21 +376,24 @@ def desk_decide(
 ) -> tuple[ApprovalRequest, Run | None, DecisionSnapshot]:
     """Decide through `approval_decide` and keep the card the user decided on.
 
-    Raises what approval_decide raises (InvalidRequest, StateConflict); the
-    snapshot is written in the same transaction as the decision.
+    The decision is about the arguments that card showed: RequestChanged if
+    an edit changed them since the page was opened. Raises what
+    approval_decide raises (InvalidRequest, StateConflict); the snapshot is
+    written in the same transaction as the decision.
     """
     if opening.request_id != approval.pk or opening.user_id != user.pk:
         raise InvalidRequest("this page was opened by someone else", field="opening")
+    cipher = ThreadCipher.for_thread(approval.thread)
+    card = opening_card(opening, cipher)
     approval, run = approval_decide(
         approval=approval,
         reviewer=Reviewer.for_user(user),
         approved=approved,
         note=note,
         args=args,
+        seen_args=card["args"],
     )
     decision = approval.decisions.filter(reviewer_user=user).latest("created_at")
-    cipher = ThreadCipher.for_thread(approval.thread)
-    card = opening_card(opening, cipher)
     first_opened = RequestOpening.objects.filter(request=approval, user=user).aggregate(
         first=Min("opened_at")
     )["first"]

@@ -23,6 +23,7 @@ from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.gates import is_gate
 from runs.models import Run, Thread
+from runs.selectors import jsonable
 from runs.services import run_resume
 from runs.signals import InterruptRejected
 
@@ -295,6 +296,22 @@ def _raise_risk(request: ApprovalRequest, action, edited: dict[str, Any]) -> boo
     return True
 
 
+class RequestChanged(StateConflict):
+    """The arguments changed (another reviewer's edit) since the deciding
+    reviewer was shown them: their decision would be about something else."""
+
+    def __init__(self, seen: dict[str, Any], current: dict[str, Any]) -> None:
+        # Names the arguments, never their values: the admin shows this as a
+        # message, which is stored in the session.
+        changed = ", ".join(edit["arg"] for edit in args_diff(seen, current))
+        super().__init__(
+            f"the request changed since you opened it (another reviewer edited "
+            f"{changed or 'its arguments'}); nothing was recorded: look at it "
+            "again before you decide",
+            code="request_changed",
+        )
+
+
 def _same_reviewer(reviewer: Reviewer) -> StateConflict:
     if reviewer.user is None:
         message = (
@@ -317,6 +334,7 @@ def approval_decide(
     approved: bool,
     note: str = "",
     args: dict[str, Any] | None = None,
+    seen_args: dict[str, Any] | None = None,
 ) -> tuple[ApprovalRequest, Run | None]:
     """Record one decision; the one that settles the request resumes the run.
 
@@ -325,6 +343,10 @@ def approval_decide(
     it approved, once per person (all service keys together count once); an
     edit is validated against the action's declaration, needs a note, and
     may raise the risk and the approvals needed (approvals.edits).
+
+    `seen_args` are the arguments the reviewer was shown (the desk's card):
+    if another reviewer's edit changed them since, RequestChanged, and
+    nothing is recorded.
     """
     note = (note or "").strip()
     if not approved and not note:
@@ -353,6 +375,8 @@ def approval_decide(
     original = payload_of(request, cipher)["args"]
     earlier = list(request.decisions.all())
     current = current_args(original, earlier, cipher)
+    if seen_args is not None and jsonable(current) != seen_args:
+        raise RequestChanged(seen_args, jsonable(current))
     action = action_of(request.thread, request.action)
     edit = validated_edit(action, current, args) if args is not None else None
     if edit is not None and not note:
