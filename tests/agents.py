@@ -19,6 +19,15 @@ from runs.actions import GatedAction
 from runs.tools import side_effect
 
 
+def one_node(state, name: str, node) -> StateGraph:
+    """START -> `name` -> END."""
+    graph = StateGraph(state)
+    graph.add_node(name, node)
+    graph.add_edge(START, name)
+    graph.add_edge(name, END)
+    return graph
+
+
 class EchoState(TypedDict, total=False):
     text: str
     echoed: str
@@ -30,11 +39,7 @@ def _echo(state: EchoState) -> EchoState:
 
 def echo_graph() -> StateGraph:
     """Echoes its input text back; used by the test suite."""
-    graph = StateGraph(EchoState)
-    graph.add_node("echo", _echo)
-    graph.add_edge(START, "echo")
-    graph.add_edge("echo", END)
-    return graph
+    return one_node(EchoState, "echo", _echo)
 
 
 class GateState(TypedDict, total=False):
@@ -63,20 +68,12 @@ def _ask(label: str, *, slow_after: float = 0.0, payload: dict | None = None):
 
 def gate_graph() -> StateGraph:
     """Asks for one approval, then ends."""
-    graph = StateGraph(GateState)
-    graph.add_node("ask", _ask("one"))
-    graph.add_edge(START, "ask")
-    graph.add_edge("ask", END)
-    return graph
+    return one_node(GateState, "ask", _ask("one"))
 
 
 def gate_graph_renamed() -> StateGraph:
     """The same agent after a deploy that renamed its node (version skew)."""
-    graph = StateGraph(GateState)
-    graph.add_node("ask_renamed", _ask("one"))
-    graph.add_edge(START, "ask_renamed")
-    graph.add_edge("ask_renamed", END)
-    return graph
+    return one_node(GateState, "ask_renamed", _ask("one"))
 
 
 def pair_graph() -> StateGraph:
@@ -102,11 +99,7 @@ def _ask_twice(state: GateState) -> GateState:
 
 def twice_graph() -> StateGraph:
     """Asks for two approvals in one node, one after the other."""
-    graph = StateGraph(GateState)
-    graph.add_node("ask", _ask_twice)
-    graph.add_edge(START, "ask")
-    graph.add_edge("ask", END)
-    return graph
+    return one_node(GateState, "ask", _ask_twice)
 
 
 twice_graph.actions = [
@@ -117,11 +110,9 @@ twice_graph.actions = [
 
 def incomplete_payload_graph() -> StateGraph:
     """Interrupts with a payload that lacks reason, affects and if_denied."""
-    graph = StateGraph(GateState)
-    graph.add_node("ask", _ask("bad", payload={"action": "do_bad", "args": {}}))
-    graph.add_edge(START, "ask")
-    graph.add_edge("ask", END)
-    return graph
+    return one_node(
+        GateState, "ask", _ask("bad", payload={"action": "do_bad", "args": {}})
+    )
 
 
 class QuestionState(TypedDict, total=False):
@@ -135,11 +126,7 @@ def _question(state: QuestionState) -> QuestionState:
 
 def question_graph() -> StateGraph:
     """Asks the end user a question (an input interrupt), then ends."""
-    graph = StateGraph(QuestionState)
-    graph.add_node("question", _question)
-    graph.add_edge(START, "question")
-    graph.add_edge("question", END)
-    return graph
+    return one_node(QuestionState, "question", _question)
 
 
 question_graph.actions = []  # declares that it has no approval gates
