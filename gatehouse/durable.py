@@ -11,6 +11,9 @@ LangGraph's idiom, with Gatehouse's ledger, encryption and audit behind them
   same order, every time it runs again.
 - `side_effect(tool, args, perform, ...)`: a call to another system made once
   per step, with an idempotency key that is the same on every retry.
+- `patched(name)`: whether the thread started after patch `name` was
+  deployed, so that a change to an agent does not change the path of threads
+  paused in it.
 
 They work inside the nodes of a `StateGraph` agent and inside the
 `@entrypoint` and `@task`s of a Functional API agent that Gatehouse runs;
@@ -18,6 +21,7 @@ elsewhere they raise `OutsideRun`.
 """
 
 from runs.context import OutsideRun
+from runs.patches import UndeclaredPatch, patched
 from runs.replay import NonDeterministicStep, Random, now, random, uuid4
 from runs.tools import idempotency_key, side_effect
 
@@ -25,8 +29,10 @@ __all__ = [
     "NonDeterministicStep",
     "OutsideRun",
     "Random",
+    "UndeclaredPatch",
     "idempotency_key",
     "now",
+    "patched",
     "random",
     "side_effect",
     "uuid4",

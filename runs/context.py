@@ -2,13 +2,13 @@
 
 Passed as LangGraph's runtime context (`graph.invoke(..., context=...)`),
 which is never persisted; nodes and the durable helpers (`runs.tools`,
-`runs.replay`) read it with `current_step()`.
+`runs.replay`, `runs.patches`) read it with `current_step()`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from langgraph.runtime import ExecutionInfo, get_runtime
 
@@ -18,6 +18,11 @@ class RunContext:
     tenant_id: int
     thread_pk: int
     run_id: str
+    # The patches the thread started with; those its agent version knows, and
+    # those it retired (runs.patches).
+    patches: frozenset[str] = field(default_factory=frozenset)
+    known_patches: frozenset[str] = field(default_factory=frozenset)
+    retired_patches: frozenset[str] = field(default_factory=frozenset)
 
 
 class OutsideRun(RuntimeError):

@@ -28,7 +28,7 @@ from langgraph.types import Command
 
 from audit import events
 from audit.services import Actor
-from runs import dispatch, replay, selectors, streaming
+from runs import dispatch, patches, replay, selectors, streaming
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
@@ -247,6 +247,7 @@ def _invoke(
     run: Run, thread: Thread, publisher: streaming.Publisher, watch: CancelWatch
 ) -> Outcome:
     spec = spec_for(thread, run.agent_version)
+    patches.ensure_fits(thread, spec)
     graph = compiled(spec, thread.tenant)
     if run.kind == Run.Kind.RESUME:
         # The nodes recorded when the thread stopped: a graph that lost one of
@@ -258,6 +259,9 @@ def _invoke(
         tenant_id=thread.tenant_id,
         thread_pk=thread.pk,
         run_id=str(run.id),
+        patches=frozenset(thread.patches),
+        known_patches=spec.patches,
+        retired_patches=spec.retired_patches,
     )
     published = set(run.stream_modes)
     # Streaming even when nobody asked for a mode: the run is checked for a

@@ -82,6 +82,16 @@ class AgentSpec:
         return self._declared("safe_args")
 
     @property
+    def patches(self) -> frozenset[str]:
+        """The patches this version knows: both paths are in its code."""
+        return self._declared("patches")
+
+    @property
+    def retired_patches(self) -> frozenset[str]:
+        """Patches whose old path this version removed (runs.patches)."""
+        return self._declared("retired_patches")
+
+    @property
     def actions(self) -> dict[str, GatedAction] | None:
         """The gated actions the agent declares (runs.actions), by name; None
         when it declares nothing."""

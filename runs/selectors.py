@@ -14,6 +14,7 @@ from django.db.models import Count, Min
 from django.utils import timezone
 from langgraph.types import Interrupt
 
+from runs import patches, registry
 from runs.crypto import ThreadCipher
 from runs.graphs import compile_for, thread_config
 from runs.models import Checkpoint, Run, Tenant, Thread
@@ -116,6 +117,59 @@ def threads_in_flight(tenant: Tenant) -> dict[tuple[str, str], int]:
         .annotate(count=Count("pk"))
     )
     return {(row["agent_name"], row["agent_version"]): row["count"] for row in rows}
+
+
+@dataclasses.dataclass
+class VersionRow:
+    """Live threads pinned to one agent version, by status; `problem` says why
+    no registered code can continue them ("" when it can)."""
+
+    agent: str
+    version: str
+    problem: str = ""
+    by_status: dict[str, int] = dataclasses.field(default_factory=dict)
+    threads: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_status.values())
+
+
+def version_skew(*, tenant: Tenant | None = None, sample: int = 5) -> list[VersionRow]:
+    """Every agent version live threads are pinned to, registered or not, and
+    which of them cannot continue: their version is gone, or their patches do
+    not fit it (runs.patches). `threads` names up to `sample` of those, as
+    "tenant/thread_id"."""
+    threads = Thread.objects.live().exclude(agent_version="")
+    if tenant is not None:
+        threads = threads.for_tenant(tenant)
+    specs = registry.agents()
+    rows: dict[tuple[str, str, str], VersionRow] = {}
+    for spec in specs.values():
+        rows[(spec.name, spec.version, "")] = VersionRow(spec.name, spec.version)
+    groups = threads.values("agent_name", "agent_version", "patches", "status")
+    for group in groups.annotate(count=Count("pk")).order_by():
+        agent, version = group["agent_name"], group["agent_version"]
+        spec = specs.get(f"{agent}@{version}")
+        problem = (
+            patches.misfit(group["patches"], spec)
+            if spec
+            else f"agent {agent}@{version} is not registered"
+        )
+        row = rows.setdefault(
+            (agent, version, problem), VersionRow(agent, version, problem)
+        )
+        row.by_status[group["status"]] = (
+            row.by_status.get(group["status"], 0) + group["count"]
+        )
+        if problem and len(row.threads) < sample:
+            row.threads += [
+                f"{slug}/{thread_id}"
+                for slug, thread_id in threads.filter(
+                    agent_name=agent, agent_version=version, patches=group["patches"]
+                ).values_list("tenant__slug", "thread_id")[: sample - len(row.threads)]
+            ]
+    return sorted(rows.values(), key=lambda row: (row.agent, row.version, row.problem))
 
 
 def waiting_nodes(thread: Thread) -> list[str]:

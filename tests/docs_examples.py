@@ -19,6 +19,7 @@ AGENTS = {
     "functional": "shipping",
     "gated": "build_graph",
     "replay": "build_graph",
+    "patching": "build_graph",
 }
 
 

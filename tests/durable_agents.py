@@ -114,3 +114,46 @@ def deadline_graph() -> StateGraph:
     graph.add_edge(START, "open_ticket")
     graph.add_edge("open_ticket", END)
     return graph
+
+
+# --- Patches: the same agent before and after a deploy ------------------------
+
+
+class ReviewState(TypedDict, total=False):
+    checks: list
+    decision: dict
+
+
+def review_before(state: ReviewState) -> ReviewState:
+    checks = ["amount"]
+    decision = interrupt(gate_payload("ship", checks=checks))
+    return {"checks": checks, "decision": decision}
+
+
+def review_after(state: ReviewState) -> ReviewState:
+    checks = ["amount"]
+    if durable.patched("add-fraud-check"):
+        checks.append("fraud")
+    decision = interrupt(gate_payload("ship", checks=checks))
+    return {"checks": checks, "decision": decision}
+
+
+def _review_graph(review) -> StateGraph:
+    graph = StateGraph(ReviewState)
+    graph.add_node("review", review)
+    graph.add_edge(START, "review")
+    graph.add_edge("review", END)
+    return graph
+
+
+def review_graph() -> StateGraph:
+    """Reviews an order before shipping it."""
+    return _review_graph(review_before)
+
+
+def review_graph_patched() -> StateGraph:
+    """Reviews an order before shipping it, with a fraud check for new threads."""
+    return _review_graph(review_after)
+
+
+review_graph_patched.patches = frozenset({"add-fraud-check"})

@@ -64,6 +64,7 @@ GATEHOUSE_AGENTS = os.environ.get(
             "slow@1=tests.agents:slow_graph",
             "tasks@1=tests.durable_agents:tasks_workflow",
             "deadline@1=tests.durable_agents:deadline_graph",
+            "review@1=tests.durable_agents:review_graph",
             *registrations(),
         ]
     ),

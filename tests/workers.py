@@ -140,3 +140,19 @@ def doomed_worker(session_worker: Worker, **env: str) -> Iterator[Worker]:
         timeout=20,
         what="the killed worker's lease to expire",
     )
+
+
+@contextmanager
+def deployed(session_worker: Worker, agents: str) -> Iterator[Worker]:
+    """A deploy: the session's worker is replaced by one whose agent registry
+    is `agents` (GATEHOUSE_AGENTS), and this process's registry follows."""
+    from django.test import override_settings
+
+    session_worker.stop()
+    worker = Worker(name="deployed", env={"GATEHOUSE_AGENTS": agents})
+    try:
+        with override_settings(GATEHOUSE_AGENTS=agents):
+            yield worker
+    finally:
+        worker.stop()
+        session_worker.__init__(name="main")

@@ -60,6 +60,9 @@ class Thread(models.Model):
     agent_name = models.CharField(max_length=100, blank=True)
     # Pinned by the first run; blank until then.
     agent_version = models.CharField(max_length=50, blank=True)
+    # The patches of the version the thread started on (runs.patches): code
+    # identifiers, not content.
+    patches = models.JSONField(default=list, blank=True)
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.IDLE
     )

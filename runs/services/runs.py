@@ -17,7 +17,7 @@ from django.utils import timezone
 from audit import events
 from audit.redaction import digest
 from audit.services import Actor, record
-from runs import dispatch, gates, registry, selectors, streaming
+from runs import dispatch, gates, patches, registry, selectors, streaming
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.graphs import (
@@ -169,7 +169,8 @@ def _pin_version(thread: Thread, version: str | None = None) -> None:
             code="agent_draining",
         )
     thread.agent_version = spec.version
-    thread.save(update_fields=["agent_version", "updated_at"])
+    thread.patches = sorted(spec.patches | spec.retired_patches)
+    thread.save(update_fields=["agent_version", "patches", "updated_at"])
 
 
 def _make_room(thread: Thread, *, multitask: str, actor: Actor) -> None:
@@ -227,7 +228,8 @@ def run_start(
                 "the thread has no checkpoints yet", field="checkpoint_id"
             )
         _pin_version(thread, version)
-    spec_for(thread)  # VersionSkew when the pinned version is gone
+    # VersionSkew when the pinned version is gone, or cannot run the thread.
+    patches.ensure_fits(thread, spec_for(thread))
     if checkpoint_id:
         _check_replay(thread, checkpoint_id)
     kind = Run.Kind.REPLAY if checkpoint_id else Run.Kind.START
@@ -298,6 +300,7 @@ def run_resume(
             code="thread_not_interrupted",
         )
     spec = spec_for(thread)
+    patches.ensure_fits(thread, spec)
     graph = compiled(spec, thread.tenant)
     if not active:
         ensure_nodes_exist(graph, selectors.waiting_nodes(thread), key=spec.key)
@@ -441,7 +444,8 @@ def run_retry(*, thread: Thread, actor: Actor) -> Run:
     keys of its side effects), so nothing passes a gate and nothing done
     before the failure is done twice."""
     thread, _ = _failed(thread)
-    spec_for(thread)  # VersionSkew when the pinned version is gone
+    # VersionSkew when the pinned version is gone, or cannot run the thread.
+    patches.ensure_fits(thread, spec_for(thread))
     return _queue(thread=thread, kind=Run.Kind.RETRY, actor=actor)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from approvals.models import ApprovalRequest
 from approvals.services import payload_of
+from runs.models import Thread
 from tests.docs_examples import AGENTS, examples
 from tests.durable.helpers import decide, start, state, wait_run
 from tests.factories import (
@@ -75,3 +76,14 @@ def test_gated_example_raises_the_risk_of_an_edit_and_executes_it(worker):
     decision = state(client, "inv-1")["decision"]
     assert decision["args"] == edited
     assert decision["edits"] == [{"arg": "amount", "old": "80.00", "new": "1200.00"}]
+
+
+def test_patching_example_gives_a_new_thread_the_new_path(worker):
+    _, client = tenant_with_client()
+    order = {"order": {"id": "A-9"}}
+    assert wait_run(start(client, "doc-patching", "o-1", order)).status == (
+        "interrupted"
+    )
+    assert Thread.objects.get(thread_id="o-1").patches == ["add-fraud-check"]
+    assert wait_run(decide(client, "o-1")).status == "succeeded"
+    assert state(client, "o-1")["checks"] == ["address", "fraud"]
