@@ -326,6 +326,18 @@ def _same_reviewer(reviewer: Reviewer) -> StateConflict:
     return StateConflict(message, code="same_reviewer")
 
 
+def approval_interrupts_move(*, thread, moved: dict[str, str]) -> int:
+    """The thread's requests follow their interrupts to the ids a migrated
+    checkpoint gives them (runs.services.migration), in the caller's
+    transaction; how many requests moved."""
+    return sum(
+        ApprovalRequest.objects.filter(thread=thread, interrupt_id=old).update(
+            interrupt_id=new
+        )
+        for old, new in moved.items()
+    )
+
+
 @transaction.atomic
 def approval_decide(
     *,

@@ -124,6 +124,11 @@ THREAD_FORKED = _declare(
     "thread.forked",
     "checkpoint {checkpoint_id} forked from {parent_checkpoint_id} by {actor}",
 )
+THREAD_MIGRATED = _declare(
+    "thread.migrated",
+    "thread moved from {agent}@{from_version} to {agent}@{to_version} by {function} "
+    "({added} key(s) added, {removed} removed, {changed} changed)",
+)
 STATE_READ = _declare(
     "thread.state_read", "state read at checkpoint {checkpoint_id}", timeline=False
 )

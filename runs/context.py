@@ -8,6 +8,7 @@ which is never persisted; nodes and the durable helpers (`runs.tools`,
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from langgraph.runtime import ExecutionInfo, get_runtime
@@ -23,6 +24,8 @@ class RunContext:
     patches: frozenset[str] = field(default_factory=frozenset)
     known_patches: frozenset[str] = field(default_factory=frozenset)
     retired_patches: frozenset[str] = field(default_factory=frozenset)
+    # Thread.step_aliases: steps that a checkpoint migration moved.
+    step_aliases: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 class OutsideRun(RuntimeError):
@@ -47,18 +50,19 @@ def current_step() -> tuple[RunContext, ExecutionInfo]:
 def step_key(purpose: str, *parts: object) -> str:
     """A digest naming something done in the current step, the same every
     time LangGraph runs the step again (after a crash, a retry or a resume):
-    tenant, thread, checkpoint namespace and id, and task id, plus `parts`."""
+    tenant, thread, checkpoint namespace and id, and task id, plus `parts`.
+
+    A step that a checkpoint migration moved to a new checkpoint (so LangGraph
+    gave it a new task id) keeps the identity it had before the move.
+    """
     context, info = current_step()
+    step = context.step_aliases.get(info.task_id) or (
+        info.checkpoint_ns,
+        info.checkpoint_id,
+        info.task_id,
+    )
     material = "\x1f".join(
         str(part)
-        for part in (
-            purpose,
-            context.tenant_id,
-            context.thread_pk,
-            info.checkpoint_ns,
-            info.checkpoint_id,
-            info.task_id,
-            *parts,
-        )
+        for part in (purpose, context.tenant_id, context.thread_pk, *step, *parts)
     )
     return hashlib.sha256(material.encode()).hexdigest()

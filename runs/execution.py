@@ -262,6 +262,7 @@ def _invoke(
         patches=frozenset(thread.patches),
         known_patches=spec.patches,
         retired_patches=spec.retired_patches,
+        step_aliases=thread.step_aliases,
     )
     published = set(run.stream_modes)
     # Streaming even when nobody asked for a mode: the run is checked for a

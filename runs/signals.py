@@ -9,6 +9,12 @@ import django.dispatch
 # the transaction rolls back and the run fails with the receiver's message.
 run_interrupted = django.dispatch.Signal()
 
+# Sent inside the transaction that migrates a thread to another agent version
+# (runs.services.migration), with `thread` and `moved` ({old interrupt id: new
+# interrupt id}): the thread still waits on the same interrupts, under the ids
+# LangGraph gives them in the new checkpoint.
+interrupts_moved = django.dispatch.Signal()
+
 
 # Sent inside the transaction that closes a failed thread without running it
 # again (runs.services.thread_close), with `thread`, `actor` (an

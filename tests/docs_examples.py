@@ -20,7 +20,11 @@ AGENTS = {
     "gated": "build_graph",
     "replay": "build_graph",
     "patching": "build_graph",
+    "migration": "build_graph",
 }
+# Modules that are a later version of another example's agent: module ->
+# (agent, version).
+VERSIONS = {"migration": ("doc-replay", "2")}
 
 
 def examples() -> dict[str, str]:
@@ -36,6 +40,8 @@ def write_package(root: Path) -> None:
 
 
 def registrations() -> list[str]:
-    return [
-        f"doc-{name}@1=writing_agents.{name}:{attr}" for name, attr in AGENTS.items()
-    ]
+    entries = []
+    for name, attr in AGENTS.items():
+        agent, version = VERSIONS.get(name, (f"doc-{name}", "1"))
+        entries.append(f"{agent}@{version}=writing_agents.{name}:{attr}")
+    return entries

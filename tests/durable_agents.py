@@ -157,3 +157,72 @@ def review_graph_patched() -> StateGraph:
 
 
 review_graph_patched.patches = frozenset({"add-fraud-check"})
+
+
+# --- Checkpoint migration: an order agent, version 1 and version 2 ------------
+
+
+class OrderV1(TypedDict, total=False):
+    order: dict
+    legacy_flag: bool
+    decision: dict
+    outcome: str
+
+
+class OrderV2(TypedDict, total=False):
+    order: dict
+    amount_cents: int
+    decision: dict
+    outcome: str
+
+
+def order_review(state: dict) -> dict:
+    return {"decision": interrupt(gate_payload("ship", order_id=state["order"]["id"]))}
+
+
+def order_escalate(state: dict) -> dict:
+    return {"decision": interrupt(gate_payload("escalate"))}
+
+
+def order_ship_v2(state: OrderV2) -> OrderV2:
+    return {"outcome": f"shipped {state['amount_cents']} cents"}
+
+
+def _order_graph(schema, ship, *, escalate: bool) -> StateGraph:
+    graph = StateGraph(schema)
+    graph.add_node("review", order_review)
+    graph.add_node("ship", ship)
+    graph.add_edge("review", "ship")
+    graph.add_edge("ship", END)
+    if escalate:
+        graph.add_node("escalate", order_escalate)
+        graph.add_edge("escalate", END)
+        graph.add_conditional_edges(
+            START,
+            lambda state: "escalate" if state["order"].get("escalate") else "review",
+            ["review", "escalate"],
+        )
+    else:
+        graph.add_edge(START, "review")
+    return graph
+
+
+def order_graph_v1() -> StateGraph:
+    """Ships an order once approved; escalates some to a manager."""
+    return _order_graph(
+        OrderV1, lambda state: {"outcome": "shipped (v1)"}, escalate=True
+    )
+
+
+def order_graph_v2() -> StateGraph:
+    """Ships an order once approved, priced in cents."""
+    return _order_graph(OrderV2, order_ship_v2, escalate=False)
+
+
+def order_to_v2(state: dict) -> dict:
+    """The migration from order@1 to order@2."""
+    if state["order"].get("corrupt"):
+        raise ValueError(f"order {state['order']['id']} cannot be priced")
+    state.pop("legacy_flag", None)
+    state["amount_cents"] = round(float(state["order"]["amount"]) * 100)
+    return state

@@ -65,6 +65,8 @@ GATEHOUSE_AGENTS = os.environ.get(
             "tasks@1=tests.durable_agents:tasks_workflow",
             "deadline@1=tests.durable_agents:deadline_graph",
             "review@1=tests.durable_agents:review_graph",
+            "order@1=tests.durable_agents:order_graph_v1",
+            "order@2=tests.durable_agents:order_graph_v2",
             *registrations(),
         ]
     ),

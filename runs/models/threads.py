@@ -63,6 +63,10 @@ class Thread(models.Model):
     # The patches of the version the thread started on (runs.patches): code
     # identifiers, not content.
     patches = models.JSONField(default=list, blank=True)
+    # Steps a migration moved to a new checkpoint: {new task id: [checkpoint
+    # namespace, checkpoint id, task id] of the step before the move}, so the
+    # step keeps its identity (runs.context.step_key). Hashes, not content.
+    step_aliases = models.JSONField(default=dict, blank=True)
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.IDLE
     )

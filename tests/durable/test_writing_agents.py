@@ -5,6 +5,7 @@ tests/docs_examples.py) and run here on the real worker, over REST.
 """
 
 import pytest
+from django.core.management import call_command
 
 from approvals.models import ApprovalRequest
 from approvals.services import payload_of
@@ -35,7 +36,8 @@ def test_functional_example_ships_after_the_approval(worker):
     assert values["shipped"] is True and values["quote"]["order_id"] == "A-7"
 
 
-def test_replay_example_keeps_its_ticket_across_the_approval(worker):
+def test_replay_example_keeps_its_ticket_across_the_approval(worker, settings):
+    settings.GATEHOUSE_DRAINING_AGENTS = ["doc-replay@2"]  # version 1's example
     _, client = tenant_with_client()
     assert wait_run(start(client, "doc-replay", "case-1", {})).status == "interrupted"
     approved = payload_of(ApprovalRequest.objects.get())["args"]
@@ -87,3 +89,24 @@ def test_patching_example_gives_a_new_thread_the_new_path(worker):
     assert Thread.objects.get(thread_id="o-1").patches == ["add-fraud-check"]
     assert wait_run(decide(client, "o-1")).status == "succeeded"
     assert state(client, "o-1")["checks"] == ["address", "fraud"]
+
+
+def test_migration_example_moves_a_waiting_case_to_version_2(worker, settings, capsys):
+    settings.GATEHOUSE_DRAINING_AGENTS = ["doc-replay@2"]
+    tenant, client = tenant_with_client()
+    assert wait_run(start(client, "doc-replay", "c-2", {})).status == "interrupted"
+    command = ["threads_migrate", "--agent", "doc-replay", "--from", "1", "--to", "2"]
+    command += ["--with", "writing_agents.migration:to_v2"]
+    call_command(*command, "--dry-run")
+    assert f"{tenant.slug}/c-2: would migrate: +1 (priority)" in capsys.readouterr().out
+    call_command(*command)
+    assert Thread.objects.get(thread_id="c-2").agent_version == "2"
+
+    approved = payload_of(ApprovalRequest.objects.get())["args"]
+    assert wait_run(decide(client, "c-2")).status == "succeeded"
+    values = state(client, "c-2")
+    assert values["priority"] == "normal"
+    assert (values["ticket"], values["due"]) == (
+        approved["ticket"],
+        approved["deadline"],
+    )
