@@ -51,3 +51,42 @@ def state(client, thread_id: str) -> dict:
     response = client.get(f"/api/v1/threads/{thread_id}/state")
     assert response.status_code == 200, response.content
     return response.json()["values"]
+
+
+class InProcess:
+    """A one-node graph run in this process on a new thread with Gatehouse's
+    saver and run context, as the worker would run it: for what can be shown
+    without a worker."""
+
+    def __init__(self, node) -> None:
+        from langgraph.graph import END, START, StateGraph
+
+        from audit.services import Actor
+        from runs.checkpointer import DjangoSaver
+        from runs.services import thread_create
+        from tests.factories import make_tenant
+
+        tenant = make_tenant()
+        self.thread = thread_create(
+            tenant=tenant, agent="echo", actor=Actor.system("tests")
+        )
+        builder = StateGraph(dict)
+        builder.add_node("node", node)
+        builder.add_edge(START, "node")
+        builder.add_edge("node", END)
+        self.graph = builder.compile(checkpointer=DjangoSaver(tenant=tenant))
+
+    def invoke(self, value, *, run_id: str = "run", **context):
+        """Invoke the graph as run `run_id` (a resume is another run)."""
+        from runs.context import RunContext
+
+        return self.graph.invoke(
+            value,
+            {"configurable": {"thread_id": self.thread.thread_id}},
+            context=RunContext(
+                tenant_id=self.thread.tenant_id,
+                thread_pk=self.thread.pk,
+                run_id=run_id,
+                **context,
+            ),
+        )

@@ -3,17 +3,14 @@
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
-from langgraph.graph import END, START, StateGraph
 
 from approvals.models import ApprovalRequest
 from audit.services import Actor
 from gatehouse import durable
-from runs.checkpointer import DjangoSaver
-from runs.context import RunContext
 from runs.models import Thread
 from runs.services import thread_create
 from tests.approvals.helpers import waiting_request
-from tests.durable.helpers import decide, start, state, wait_run
+from tests.durable.helpers import InProcess, decide, start, state, wait_run
 from tests.factories import make_tenant, tenant_with_client
 from tests.workers import deployed
 
@@ -66,23 +63,12 @@ def test_resume_of_a_thread_whose_patch_the_code_lacks_is_version_skew(settings)
 
 
 def test_patched_names_a_patch_the_version_must_declare():
-    tenant = make_tenant()
-    thread = thread_create(tenant=tenant, agent="echo", actor=Actor.system("tests"))
-
     def node(state: dict) -> dict:
         durable.patched("undeclared")
         return {}
 
-    builder = StateGraph(dict)
-    builder.add_node("node", node)
-    builder.add_edge(START, "node")
-    builder.add_edge("node", END)
-    graph = builder.compile(checkpointer=DjangoSaver(tenant=tenant))
-    context = RunContext(tenant_id=tenant.pk, thread_pk=thread.pk, run_id="r")
     with pytest.raises(durable.UndeclaredPatch, match="does not declare"):
-        graph.invoke(
-            {"x": 1}, {"configurable": {"thread_id": thread.thread_id}}, context=context
-        )
+        InProcess(node).invoke({"x": 1})
 
 
 def pinned(tenant, thread_id: str, agent: str, version: str, patches=()) -> Thread:

@@ -4,19 +4,15 @@ import json
 from pathlib import Path
 
 import pytest
-from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 from approvals.models import ApprovalRequest
 from approvals.services import payload_of
 from gatehouse import durable
-from runs.checkpointer import DjangoSaver
-from runs.context import RunContext
 from runs.models import RecordedValue
-from runs.services import thread_create
 from runs.storage import content_clear
-from tests.durable.helpers import decide, start, state, wait_run
-from tests.factories import make_tenant, tenant_with_client
+from tests.durable.helpers import InProcess, decide, start, state, wait_run
+from tests.factories import tenant_with_client
 from tests.workers import doomed_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -80,8 +76,6 @@ def test_helpers_outside_a_run_refuse():
 
 def test_a_step_that_draws_another_kind_at_a_recorded_position_is_refused():
     """The first execution drew now() first; the second asks for uuid4()."""
-    tenant = make_tenant()
-    thread = thread_create(tenant=tenant, agent="deadline", actor=durable_actor())
     draws = [durable.now, durable.uuid4]
 
     def node(state: dict) -> dict:
@@ -89,22 +83,7 @@ def test_a_step_that_draws_another_kind_at_a_recorded_position_is_refused():
         interrupt("wait")
         return {}
 
-    builder = StateGraph(dict)
-    builder.add_node("node", node)
-    builder.add_edge(START, "node")
-    builder.add_edge("node", END)
-    graph = builder.compile(checkpointer=DjangoSaver(tenant=tenant))
-    config = {"configurable": {"thread_id": thread.thread_id}}
-
-    def context(run_id: str) -> RunContext:
-        return RunContext(tenant_id=tenant.pk, thread_pk=thread.pk, run_id=run_id)
-
-    graph.invoke({"x": 1}, config, context=context("start"))
+    graph = InProcess(node)
+    graph.invoke({"x": 1}, run_id="start")
     with pytest.raises(durable.NonDeterministicStep, match="asked for now()"):
-        graph.invoke(Command(resume="go"), config, context=context("resume"))
-
-
-def durable_actor():
-    from audit.services import Actor
-
-    return Actor.system("tests")
+        graph.invoke(Command(resume="go"), run_id="resume")
