@@ -137,7 +137,7 @@ def doomed_worker(session_worker: Worker, **env: str) -> Iterator[Worker]:
         session_worker.__init__(name="main")
     wait_for(
         lambda: runs_recover_stalled()["expired_leases"],
-        timeout=20,
+        timeout=60,
         what="the killed worker's lease to expire",
     )
 

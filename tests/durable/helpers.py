@@ -22,7 +22,7 @@ def start(client, agent: str, thread_id: str, input: dict[str, Any]) -> str:
     return started.json()["run_id"]
 
 
-def wait_run(run_id: str, *statuses: str, timeout: float = 30) -> Run:
+def wait_run(run_id: str, *statuses: str, timeout: float = 90) -> Run:
     """Wait until the run reaches one of `statuses` (any end, if none given)."""
     ends = statuses or ("interrupted", "succeeded", "failed", "cancelled")
     wait_for(
