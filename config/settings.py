@@ -392,7 +392,10 @@ CELERY_TASK_ALWAYS_EAGER = False
 GATEHOUSE_AUDIT_DIGEST_KEY = env.str("GATEHOUSE_AUDIT_DIGEST_KEY", default="")
 
 # Agents bundled with Gatehouse, as name@version -> "module:factory".
-GATEHOUSE_BUILTIN_AGENTS = {"refund@1": "demo.agents.refund:build_graph"}
+GATEHOUSE_BUILTIN_AGENTS = {
+    "refund@1": "demo.agents.refund:build_graph",
+    "fulfilment@1": "demo.agents.fulfilment:build_graph",
+}
 # More agents from the environment: "name@version=package.module:factory,...".
 GATEHOUSE_AGENTS = env.str("GATEHOUSE_AGENTS", default="")
 # The demo payments provider's response latency in seconds (tests use it to

@@ -1,8 +1,10 @@
-"""Stand-ins for the downstream systems the demo agent talks to.
+"""Stand-ins for the downstream systems the demo agents talk to.
 
-They behave like the real thing where it matters for durability: the payments
-provider deduplicates on the idempotency key it is given (a unique column, as a
-payment API's Idempotency-Key header), and so does the outbox.
+They behave like the real thing where it matters for durability: each one
+deduplicates on the idempotency key it is given (a unique column, as a payment
+API's Idempotency-Key header), so a call repeated with the same key returns
+the first answer; and what the `fulfilment` agent does can be undone (stock
+released, a charge refunded, a courier cancelled), each undo idempotent too.
 """
 
 from __future__ import annotations
@@ -12,27 +14,41 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
-from demo.models import DemoOutboxMessage, DemoPayment
+from demo.models import (
+    DemoCharge,
+    DemoCourierBooking,
+    DemoCourierCall,
+    DemoOutboxMessage,
+    DemoPayment,
+    DemoStockReservation,
+)
 from runs.crypto import ThreadCipher
 from runs.models import Thread
+
+
+def _once(model, *, idempotency_key: str, **fields):
+    """The row for `idempotency_key`: created now, or the one created first."""
+    try:
+        with transaction.atomic():
+            return model.objects.create(idempotency_key=idempotency_key, **fields)
+    except IntegrityError:
+        return model.objects.get(idempotency_key=idempotency_key)
 
 
 def refund_payment(
     *, tenant_id: int, idempotency_key: str, order_id: str, amount: str, currency: str
 ) -> dict:
     """Refund `amount` on `order_id`; a repeated key returns the first refund."""
-    try:
-        with transaction.atomic():
-            payment = DemoPayment.objects.create(
-                tenant_id=tenant_id,
-                idempotency_key=idempotency_key,
-                order_id=order_id,
-                amount=Decimal(amount),
-                currency=currency,
-            )
-    except IntegrityError:
-        payment = DemoPayment.objects.get(idempotency_key=idempotency_key)
+    payment = _once(
+        DemoPayment,
+        idempotency_key=idempotency_key,
+        tenant_id=tenant_id,
+        order_id=order_id,
+        amount=Decimal(amount),
+        currency=currency,
+    )
     # A real provider answers after a network round trip; a latency setting lets
     # tests kill a worker between the provider's commit and the caller's record.
     latency = settings.GATEHOUSE_DEMO_PAYMENT_LATENCY
@@ -52,15 +68,110 @@ def send_customer_message(
     """Queue a message to the customer; a repeated key sends nothing new."""
     thread = Thread.objects.get(pk=thread_pk)
     cipher = ThreadCipher.for_thread(thread)
-    try:
-        with transaction.atomic():
-            message = DemoOutboxMessage.objects.create(
-                tenant_id=thread.tenant_id,
-                thread=thread,
-                idempotency_key=idempotency_key,
-                kind=kind,
-                body=cipher.encrypt_value(body, row=("outbox", idempotency_key)),
-            )
-    except IntegrityError:
-        message = DemoOutboxMessage.objects.get(idempotency_key=idempotency_key)
+    message = _once(
+        DemoOutboxMessage,
+        idempotency_key=idempotency_key,
+        tenant_id=thread.tenant_id,
+        thread=thread,
+        kind=kind,
+        body=cipher.encrypt_value(body, row=("outbox", idempotency_key)),
+    )
     return {"message_id": f"msg_{message.pk}", "kind": message.kind}
+
+
+def reserve_stock(
+    *, tenant_id: int, idempotency_key: str, order_id: str, lines: list[dict]
+) -> dict:
+    """Hold the order's lines in the warehouse."""
+    reservation = _once(
+        DemoStockReservation,
+        idempotency_key=idempotency_key,
+        tenant_id=tenant_id,
+        order_id=order_id,
+        lines=lines,
+    )
+    return {"reservation_id": f"res_{reservation.pk}", "order_id": order_id}
+
+
+def release_stock(*, reservation_id: str) -> dict:
+    """Put the reserved lines back on the shelf; releasing twice is a no-op."""
+    pk = int(reservation_id.removeprefix("res_"))
+    DemoStockReservation.objects.filter(pk=pk, released_at__isnull=True).update(
+        released_at=timezone.now()
+    )
+    return {"released": reservation_id}
+
+
+def charge_card(
+    *, tenant_id: int, idempotency_key: str, order_id: str, amount: str, currency: str
+) -> dict:
+    """Charge the customer's card on file for the order."""
+    charge = _once(
+        DemoCharge,
+        idempotency_key=idempotency_key,
+        tenant_id=tenant_id,
+        order_id=order_id,
+        amount=Decimal(amount),
+        currency=currency,
+    )
+    return {
+        "charge_id": f"ch_{charge.pk}",
+        "amount": str(charge.amount),
+        "currency": charge.currency,
+    }
+
+
+def refund_charge(*, charge_id: str) -> dict:
+    """Refund a charge in full; refunding twice is a no-op."""
+    pk = int(charge_id.removeprefix("ch_"))
+    DemoCharge.objects.filter(pk=pk, refunded_at__isnull=True).update(
+        refunded_at=timezone.now()
+    )
+    return {"refunded": charge_id}
+
+
+class CourierUnavailable(ConnectionError):
+    """The courier's API did not answer (a 503): worth trying again."""
+
+
+class CourierRefused(Exception):
+    """The courier will not take the parcel: trying again changes nothing."""
+
+
+def book_courier(
+    *,
+    tenant_id: int,
+    idempotency_key: str,
+    order_id: str,
+    parcels: int,
+    outages: int = 0,
+    refuse: bool = False,
+) -> dict:
+    """Book a pickup. The order may ask the stand-in to be down for its first
+    `outages` requests (CourierUnavailable), or to refuse it (CourierRefused)."""
+    answered = DemoCourierCall.objects.filter(idempotency_key=idempotency_key).count()
+    outcome = "unavailable" if answered < outages else "refused" if refuse else "booked"
+    DemoCourierCall.objects.create(
+        tenant_id=tenant_id, idempotency_key=idempotency_key, outcome=outcome
+    )
+    if outcome == "unavailable":
+        raise CourierUnavailable("the courier's booking service is unavailable (503)")
+    if outcome == "refused":
+        raise CourierRefused(f"the courier refused order {order_id}: no service")
+    booking = _once(
+        DemoCourierBooking,
+        idempotency_key=idempotency_key,
+        tenant_id=tenant_id,
+        order_id=order_id,
+        parcels=parcels,
+    )
+    return {"booking_id": f"bk_{booking.pk}", "order_id": order_id}
+
+
+def cancel_courier(*, booking_id: str) -> dict:
+    """Cancel a pickup; cancelling twice is a no-op."""
+    pk = int(booking_id.removeprefix("bk_"))
+    DemoCourierBooking.objects.filter(pk=pk, cancelled_at__isnull=True).update(
+        cancelled_at=timezone.now()
+    )
+    return {"cancelled": booking_id}

@@ -1,0 +1,233 @@
+"""The second demo agent: fulfil an order, step by step, as a saga.
+
+Input: {"order": {"id", "items": [{"sku", "qty"}], "amount", "currency"?,
+"courier_outages"?, "courier_refuses"?}}. The last two are the demo courier's
+knobs: it is down for that many requests, or it refuses the order.
+
+plan_fulfilment -> reserve_stock -> charge_card -> book_courier -> notify_customer
+
+`plan_fulfilment` writes the ordered steps (`steps`: [{"action", "args"}]); each
+step node carries out its own step and hands over to the next step of the plan
+(`next_step`), so a step taken out of the plan is skipped. A charge of
+HIGH_RISK_FROM or more stops at its own approval gate first.
+"""
+
+from __future__ import annotations
+
+import operator
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, TypedDict
+
+import pydantic
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import get_runtime
+from langgraph.types import interrupt
+
+from demo import downstream
+from runs.actions import GatedAction
+from runs.tools import side_effect
+
+STEPS = ("reserve_stock", "charge_card", "book_courier", "notify_customer")
+# Arguments that are safe to show in clear in the audit trail.
+SAFE_ARGS = frozenset({"order_id", "amount", "currency", "parcels", "kind"})
+HIGH_RISK_FROM = Decimal("500")
+
+
+class FulfilmentState(TypedDict, total=False):
+    order: dict[str, Any]
+    # The plan: [{"action": one of STEPS, "args": {...}}], in order.
+    steps: list[dict[str, Any]]
+    # The actions carried out so far, in order.
+    done: Annotated[list[str], operator.add]
+    reservation: dict[str, Any]
+    charge: dict[str, Any]
+    booking: dict[str, Any]
+    decision: dict[str, Any]
+    outcome: str
+
+
+class ChargeArgs(pydantic.BaseModel):
+    """The arguments of `charge_card`, as a reviewer may approve them."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    order_id: str = pydantic.Field(min_length=1, max_length=64)
+    amount: Decimal = pydantic.Field(
+        gt=0, le=Decimal("100000"), max_digits=9, decimal_places=2
+    )
+    currency: str = pydantic.Field(pattern=r"^[A-Z]{3}$")
+
+
+def charge_risk(args: ChargeArgs) -> str:
+    return "high" if args.amount >= HIGH_RISK_FROM else "low"
+
+
+CHARGE_CARD = GatedAction(
+    name="charge_card",
+    node="charge_card",
+    args=ChargeArgs,
+    # A reviewer may charge less (a goodwill discount), never another order.
+    editable={"amount"},
+    risk=charge_risk,
+)
+
+
+def plan_fulfilment(state: FulfilmentState) -> FulfilmentState:
+    order = state.get("order") or {}
+    missing = [name for name in ("id", "items", "amount") if not order.get(name)]
+    if missing:
+        raise ValueError(
+            f"fulfilment input needs order.id, order.items, order.amount; "
+            f"missing: {', '.join(missing)}"
+        )
+    try:
+        amount = Decimal(str(order["amount"]))
+    except InvalidOperation:
+        raise ValueError("order.amount must be a decimal number") from None
+    order_id = str(order["id"])
+    lines = [{"sku": str(i["sku"]), "qty": int(i["qty"])} for i in order["items"]]
+    steps = [
+        {"action": "reserve_stock", "args": {"order_id": order_id, "lines": lines}},
+        {
+            "action": "charge_card",
+            "args": {
+                "order_id": order_id,
+                "amount": f"{amount:.2f}",
+                "currency": order.get("currency", "EUR"),
+            },
+        },
+        {
+            "action": "book_courier",
+            "args": {
+                "order_id": order_id,
+                "parcels": sum(line["qty"] for line in lines),
+            },
+        },
+        {
+            "action": "notify_customer",
+            "args": {"order_id": order_id, "kind": "order_dispatched"},
+        },
+    ]
+    return {"steps": steps}
+
+
+def _args(state: FulfilmentState, action: str) -> dict[str, Any]:
+    return next(step["args"] for step in state["steps"] if step["action"] == action)
+
+
+def next_step(state: FulfilmentState) -> str:
+    """The first step of the plan not carried out yet; END when none is left."""
+    done = set(state.get("done") or ())
+    for step in state.get("steps") or ():
+        if step["action"] not in done:
+            return step["action"]
+    return END
+
+
+def reserve_stock(state: FulfilmentState) -> FulfilmentState:
+    args = _args(state, "reserve_stock")
+    tenant_id = get_runtime().context.tenant_id
+    reservation = side_effect(
+        "warehouse.reserve",
+        args,
+        lambda key: downstream.reserve_stock(
+            tenant_id=tenant_id,
+            idempotency_key=key,
+            order_id=args["order_id"],
+            lines=args["lines"],
+        ),
+        safe_keys=SAFE_ARGS,
+    )
+    return {"reservation": reservation, "done": ["reserve_stock"]}
+
+
+def charge_card(state: FulfilmentState) -> FulfilmentState:
+    args = _args(state, "charge_card")
+    update: FulfilmentState = {"done": ["charge_card"]}
+    if charge_risk(ChargeArgs(**args)) == "high":
+        decision = interrupt(
+            {
+                "action": "charge_card",
+                "args": args,
+                "reason": "the order is above the amount charged without review",
+                "affects": f"charges {args['amount']} {args['currency']} to the "
+                f"customer's card for order {args['order_id']}",
+                "if_denied": "nothing is charged; the reserved stock is released "
+                "and the order is cancelled",
+                "risk": "high",
+            }
+        )
+        update["decision"] = decision
+        if not decision.get("approved"):
+            raise ValueError(f"the charge for order {args['order_id']} was denied")
+        args = decision.get("args") or args
+    tenant_id = get_runtime().context.tenant_id
+    update["charge"] = side_effect(
+        "cards.charge",
+        args,
+        lambda key: downstream.charge_card(
+            tenant_id=tenant_id,
+            idempotency_key=key,
+            order_id=args["order_id"],
+            amount=str(args["amount"]),
+            currency=args["currency"],
+        ),
+        safe_keys=SAFE_ARGS,
+    )
+    return update
+
+
+def book_courier(state: FulfilmentState) -> FulfilmentState:
+    args = _args(state, "book_courier")
+    order = state["order"]
+    tenant_id = get_runtime().context.tenant_id
+    booking = side_effect(
+        "courier.book",
+        args,
+        lambda key: downstream.book_courier(
+            tenant_id=tenant_id,
+            idempotency_key=key,
+            order_id=args["order_id"],
+            parcels=args["parcels"],
+            outages=int(order.get("courier_outages", 0)),
+            refuse=bool(order.get("courier_refuses", False)),
+        ),
+        safe_keys=SAFE_ARGS,
+    )
+    return {"booking": booking, "done": ["book_courier"]}
+
+
+def notify_customer(state: FulfilmentState) -> FulfilmentState:
+    args = _args(state, "notify_customer")
+    thread_pk = get_runtime().context.thread_pk
+    body = f"Your order {args['order_id']} is on its way."
+    side_effect(
+        "outbox.send",
+        {"kind": args["kind"], "body": body},
+        lambda key: downstream.send_customer_message(
+            thread_pk=thread_pk, idempotency_key=key, kind=args["kind"], body=body
+        ),
+        safe_keys=SAFE_ARGS,
+    )
+    return {"outcome": "dispatched", "done": ["notify_customer"]}
+
+
+def build_graph() -> StateGraph:
+    """Fulfils an order: reserves stock, charges the card, books the courier,
+    tells the customer; undoes what it did if a step fails for good."""
+    graph = StateGraph(FulfilmentState)
+    graph.add_node("plan_fulfilment", plan_fulfilment)
+    for name, node in zip(
+        STEPS, (reserve_stock, charge_card, book_courier, notify_customer), strict=True
+    ):
+        graph.add_node(name, node)
+        graph.add_conditional_edges(name, next_step, [*STEPS, END])
+    graph.add_edge(START, "plan_fulfilment")
+    graph.add_conditional_edges("plan_fulfilment", next_step, [*STEPS, END])
+    return graph
+
+
+# Declarations the registry reads (see runs.registry.AgentSpec).
+build_graph.safe_metadata_keys = frozenset({"order_id", "channel"})
+build_graph.safe_args = SAFE_ARGS
+build_graph.actions = [CHARGE_CARD]
