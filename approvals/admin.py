@@ -23,12 +23,17 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from approvals import dashboard, desk
-from approvals.edits import InvalidArgs
+from approvals import cards, dashboard, selectors, services
+from approvals.edits import InvalidArgs, value_text
 from approvals.forms import AssignForm, DecisionForm, EditedArgsForm
 from approvals.models import PENDING_FIRST, ApprovalRequest
-from approvals.services import RequestChanged
-from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, tenant_ids_for
+from runs import permissions
+from runs.admin_scoping import (
+    ScopedTenantFilter,
+    TenantScopedAdmin,
+    tenant_ids_for,
+    user_can,
+)
 from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict
 
@@ -78,7 +83,7 @@ class QueueChangeList(ChangeList):
     def get_results(self, request):
         super().get_results(request)
         self.result_list = list(self.result_list)
-        desk.attach_payloads(self.result_list)
+        cards.attach_payloads(self.result_list)
 
 
 def _error_text(exc: Exception) -> str:
@@ -90,7 +95,7 @@ def _error_text(exc: Exception) -> str:
 
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(TenantScopedAdmin):
-    view_roles = desk.VIEW_ROLES
+    view_roles = permissions.roles_with(permissions.VIEW_APPROVALS)
     manage_roles: set[str] = set()
 
     list_display = [
@@ -163,7 +168,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             return format_html(
                 '<span class="desk-unreadable">{}</span>', obj.desk_unreadable
             )
-        return desk.args_summary(obj.desk_payload["args"])
+        return cards.args_summary(obj.desk_payload["args"])
 
     @admin.display(description="risk", ordering="risk")
     def risk_label(self, obj):
@@ -181,7 +186,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         end = (
             obj.decided_at if not obj.is_pending and obj.decided_at else timezone.now()
         )
-        return desk.duration_text(end - obj.created_at)
+        return cards.duration_text(end - obj.created_at)
 
     @admin.display(description="escalates", ordering="due_at")
     def time_left(self, obj):
@@ -190,9 +195,10 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         left = obj.due_at - timezone.now()
         if left.total_seconds() < 0:
             return format_html(
-                '<span class="desk-overdue">overdue {}</span>', desk.duration_text(left)
+                '<span class="desk-overdue">overdue {}</span>',
+                cards.duration_text(left),
             )
-        return f"in {desk.duration_text(left)}"
+        return f"in {cards.duration_text(left)}"
 
     @admin.display(description="level", ordering="escalation_level")
     def escalation(self, obj):
@@ -256,12 +262,14 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             return HttpResponseNotAllowed(["GET"])
         approval = self._approval_or_404(request, object_id)
         try:
-            card = desk.card_fields(approval=approval, user=request.user)
+            card = cards.card_fields(approval=approval, user=request.user)
         except CryptoError as exc:
             return self._render_unreadable(request, approval, exc)
         opening = None
-        if approval.is_pending and desk.can_decide(request.user, approval.tenant_id):
-            opening = desk.opening_record(
+        if approval.is_pending and user_can(
+            request.user, permissions.DECIDE, approval.tenant_id
+        ):
+            opening = services.opening_record(
                 approval=approval, user=request.user, card=card
             )
         return self._render_card(request, approval, card, opening)
@@ -288,8 +296,8 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
                 editable=card.get("editable", []),
                 initial=initial,
             )
-        managing = approval.is_pending and desk.can_manage_queue(
-            user, approval.tenant_id
+        managing = approval.is_pending and user_can(
+            user, permissions.MANAGE_QUEUE, approval.tenant_id
         )
         already_approved = f"user:{user.pk}" in card.get("approved_by", [])
         edits = {edit["arg"]: edit for edit in card.get("edits", [])}
@@ -300,12 +308,12 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             "approval": approval,
             "card": card,
             "args_rows": [
-                (key, desk.value_text(value), edits.get(key))
+                (key, value_text(value), edits.get(key))
                 for key, value in card["args"].items()
             ],
             "can_edit": bool(card.get("editable")),
             "opening": opening,
-            "card_hash": desk.card_hash(card),
+            "card_hash": cards.card_hash(card),
             "deciding": deciding,
             "decision_form": decision_form,
             "edit_form": edit_form,
@@ -317,11 +325,11 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             ),
             "managing": managing,
             "assign_form": (
-                AssignForm(choices=desk.decider_choices(approval.tenant_id))
+                AssignForm(choices=selectors.decider_choices(approval.tenant_id))
                 if managing
                 else None
             ),
-            "decided": desk.decisions_with_cards(approval),
+            "decided": cards.decisions_with_cards(approval),
             "thread_url": reverse(
                 "admin:runs_thread_change", args=[approval.thread_id]
             ),
@@ -349,13 +357,13 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
 
     def decide_view(self, request, object_id):
         approval = self._approval_or_404(request, object_id)
-        if not desk.can_decide(request.user, approval.tenant_id):
+        if not user_can(request.user, permissions.DECIDE, approval.tenant_id):
             raise PermissionDenied
         try:
             opening_id = uuid.UUID(request.POST.get("opening", ""))
         except ValueError:
             opening_id = None
-        opening = desk.opening_for(
+        opening = selectors.opening_for(
             approval=approval, user=request.user, opening_id=opening_id
         )
         if opening is None:
@@ -366,7 +374,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             )
             return HttpResponseRedirect(self._card_url(approval))
         try:
-            card = desk.opening_card(opening, ThreadCipher.for_thread(approval.thread))
+            card = cards.opening_card(opening, ThreadCipher.for_thread(approval.thread))
         except CryptoError as exc:
             return self._render_unreadable(request, approval, exc)
         editing = request.POST.get("form") == "edit"
@@ -383,7 +391,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
                 request, approval, card, opening, status=400, **forms
             )
         try:
-            approval, run, _ = desk.desk_decide(
+            approval, run, _ = services.desk_decide(
                 approval=approval,
                 user=request.user,
                 opening=opening,
@@ -396,7 +404,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             return self._render_card(
                 request, approval, card, opening, status=400, **forms
             )
-        except RequestChanged as exc:
+        except services.RequestChanged as exc:
             # Shown the request as it is now, on a new page: the old one is
             # not what an approval would approve.
             messages.error(request, _error_text(exc))
@@ -430,16 +438,16 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
 
     def reassign_view(self, request, object_id):
         approval = self._approval_or_404(request, object_id)
-        if not desk.can_manage_queue(request.user, approval.tenant_id):
+        if not user_can(request.user, permissions.MANAGE_QUEUE, approval.tenant_id):
             raise PermissionDenied
         form = AssignForm(
-            request.POST, choices=desk.decider_choices(approval.tenant_id)
+            request.POST, choices=selectors.decider_choices(approval.tenant_id)
         )
         if not form.is_valid():
             messages.error(request, "Choose a reviewer of this request's tenant.")
             return HttpResponseRedirect(self._card_url(approval))
         try:
-            desk.request_reassign(
+            services.request_reassign(
                 approval=approval,
                 assignee=form.cleaned_data["assignee"],
                 user=request.user,
@@ -455,10 +463,10 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
 
     def escalate_view(self, request, object_id):
         approval = self._approval_or_404(request, object_id)
-        if not desk.can_manage_queue(request.user, approval.tenant_id):
+        if not user_can(request.user, permissions.MANAGE_QUEUE, approval.tenant_id):
             raise PermissionDenied
         try:
-            approval = desk.request_escalate(approval=approval, user=request.user)
+            approval = services.request_escalate(approval=approval, user=request.user)
         except StateConflict as exc:
             messages.error(request, _error_text(exc))
         else:
@@ -473,8 +481,12 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         if not self.has_module_permission(request):
             raise PermissionDenied
         now = timezone.now()
-        tenant_ids = _tenant_ids(request, desk.VIEW_ROLES)
-        stats_ids = _tenant_ids(request, desk.STATS_ROLES)
+        tenant_ids = _tenant_ids(
+            request, permissions.roles_with(permissions.VIEW_APPROVALS)
+        )
+        stats_ids = _tenant_ids(
+            request, permissions.roles_with(permissions.REVIEW_STATS)
+        )
         rows = dashboard.pending_by_tenant(tenant_ids, now)
         show_stats = stats_ids is dashboard.ALL_TENANTS or bool(stats_ids)
         context = {

@@ -25,7 +25,7 @@ from django.db.models import (
 )
 from django.utils import timezone
 
-from approvals.desk import duration_text
+from approvals.cards import duration_text
 from approvals.desk_models import DecisionSnapshot
 from approvals.models import ApprovalRequest, Decision
 from runs.models import Tenant

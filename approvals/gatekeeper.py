@@ -2,7 +2,7 @@
 
 Registered when the app starts (ApprovalsConfig.ready), so that runs enforces
 the gate without importing approvals: a gated interrupt is resumed only with
-the value its settled request stored (approvals.services.approval_settle).
+the value its settled request stored (approvals.services.lifecycle.approval_settle).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from approvals.content import resume_value_of
 from approvals.models import ApprovalRequest
-from approvals.services import resume_value_of
 from runs.crypto import ThreadCipher
 from runs.models import Thread
 

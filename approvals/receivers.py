@@ -2,8 +2,11 @@
 
 from django.dispatch import receiver
 
-from approvals.escalation import approvals_close_for_thread
-from approvals.services import approval_interrupts_move, approval_requests_open
+from approvals.services import (
+    approval_interrupts_move,
+    approval_requests_open,
+    approvals_close_for_thread,
+)
 from runs.signals import interrupts_moved, run_interrupted, thread_closed
 
 

@@ -1,10 +1,16 @@
-"""Reads of approval requests, decrypted for those allowed to see them."""
+"""Reads of approval requests, decrypted for those allowed to see them, and
+of the people and openings around them."""
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
+
+from approvals.content import decision_detail, payload_of
+from approvals.desk_models import RequestOpening
 from approvals.edits import args_diff
 from approvals.models import ApprovalRequest
-from approvals.services import current_args, decision_detail, payload_of
+from approvals.reviewers import current_args
+from runs import permissions
 from runs.crypto import ThreadCipher
 
 
@@ -33,3 +39,27 @@ def approval_view(request: ApprovalRequest) -> ApprovalRequest:
         )
     request.decisions_shown = shown
     return request
+
+
+def decider_choices(tenant_id: int):
+    """The people who may decide a tenant's requests (for reassignment)."""
+    return (
+        get_user_model()
+        .objects.filter(
+            is_active=True,
+            memberships__tenant_id=tenant_id,
+            memberships__role__in=permissions.roles_with(permissions.DECIDE),
+        )
+        .order_by("username")
+    )
+
+
+def opening_for(
+    *, approval: ApprovalRequest, user, opening_id
+) -> RequestOpening | None:
+    """The user's own opening of this request, or None (an old or forged id)."""
+    if not opening_id:
+        return None
+    return RequestOpening.objects.filter(
+        pk=opening_id, request=approval, user=user
+    ).first()

@@ -146,10 +146,10 @@ class Filler:
         """`per_tenant` requests for every tenant, pending or decided."""
         from django.db import transaction
 
-        from approvals.desk import card_hash
+        from approvals.cards import card_hash
+        from approvals.content import decision_row, payload_row
         from approvals.desk_models import DecisionSnapshot
         from approvals.models import ApprovalRequest, Decision
-        from approvals.services import _decision_row, _payload_row
         from demo.agents.refund import risk_for
         from runs import crypto
         from runs.models import Run, Thread
@@ -213,7 +213,7 @@ class Filler:
                     cipher = crypto.ThreadCipher.for_thread(thread)
                     payload = self._payload(f"A-{self.serial}", amount)
                     request.payload = cipher.encrypt_value(
-                        payload, row=_payload_row(request)
+                        payload, row=payload_row(request)
                     )
                     if decided:
                         approved = self.random.random() < 0.8
@@ -234,7 +234,7 @@ class Filler:
                         )
                         decision.detail = cipher.encrypt_value(
                             {"note": "", "args": None, "edits": []},
-                            row=_decision_row(decision),
+                            row=decision_row(decision),
                         )
                         decisions.append(decision)
                         card = {"approval_id": str(request.id), **payload}

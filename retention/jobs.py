@@ -27,11 +27,7 @@ from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from approvals.escalation import (
-    SweepResult,
-    approvals_close_orphaned,
-    approvals_escalate,
-)
+from approvals.sweeps import approvals_close_orphaned, approvals_escalate
 from audit import events, sealing
 from audit import selectors as audit_selectors
 from audit.services import Actor, purge_before, record
@@ -39,45 +35,12 @@ from retention import services
 from retention.models import DeletionRequest
 from runs import dispatch, selectors, storage
 from runs.models import Checkpoint, Run, Tenant, Thread
+from runs.sweeps import Progress, Sweep, SweepResult, after, out_of_time
 
 logger = logging.getLogger(__name__)
 
-Progress = Callable[[int], None]
 # Threads looked at per candidate query of the pruning job (no locks taken).
 PRUNE_SCAN_PAGE = 2000
-
-
-def _out_of_time(deadline: float | None) -> bool:
-    return deadline is not None and time.monotonic() > deadline
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """One run of a job: the time it takes as now, its batch size, whether it
-    only plans (a dry run), when it must stop, and whom to tell of progress."""
-
-    now: datetime
-    batch_size: int
-    dry_run: bool = False
-    deadline: float | None = None
-    progress: Progress | None = None
-
-    def out_of_time(self) -> bool:
-        return _out_of_time(self.deadline)
-
-    def tick(self, count: int) -> None:
-        if self.progress is not None and count:
-            self.progress(count)
-
-    def options(self) -> dict:
-        """As the keyword arguments of the sweeps of other apps."""
-        return {
-            "now": self.now,
-            "batch_size": self.batch_size,
-            "dry_run": self.dry_run,
-            "deadline": self.deadline,
-            "progress": self.progress,
-        }
 
 
 def _tenants(*, skip_held: bool = True) -> list[Tenant]:
@@ -257,14 +220,12 @@ def _plan_prune(result: SweepResult, tenant: Tenant, thread_pks, keep: int) -> N
 
 def escalate_approvals(sweep: Sweep) -> SweepResult:
     """Remind, escalate and finally expire unanswered approval requests."""
-    return approvals_escalate(**sweep.options())
+    return approvals_escalate(sweep)
 
 
 def close_orphaned_approvals(sweep: Sweep) -> SweepResult:
     """Close pending approvals whose thread, run or agent version is gone."""
-    options = sweep.options()
-    del options["now"]  # an orphan is one whatever the time
-    return approvals_close_orphaned(**options)
+    return approvals_close_orphaned(sweep)
 
 
 # --- deletion requests ---------------------------------------------------------------
@@ -282,11 +243,7 @@ def carry_out_deletions(sweep: Sweep) -> SweepResult:
     ).order_by("created_at", "pk")
     cursor = None
     while not sweep.out_of_time():
-        queryset = open_requests
-        if cursor is not None:
-            queryset = queryset.filter(
-                Q(created_at__gt=cursor[0]) | Q(created_at=cursor[0], pk__gt=cursor[1])
-            )
+        queryset = open_requests.filter(after(cursor, "created_at", "pk"))
         request = queryset.select_related("tenant").first()
         if request is None:
             break
@@ -551,7 +508,7 @@ def job_run(
         counts={pk: counts for pk, counts in result.counts.items() if counts},
         plan=result.plan,
         seconds=time.monotonic() - started,
-        stopped_early=_out_of_time(deadline),
+        stopped_early=out_of_time(deadline),
     )
     if not dry_run:
         _record(report)

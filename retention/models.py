@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -13,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from approvals import policy as approvals_policy
 from runs.models import Role, Tenant, TenantOwnedQuerySet, Thread
 
 # Bounds that catch typos (a TTL of 36,500 days, an approval due in a year)
@@ -37,51 +37,28 @@ def default_audit_retention_days() -> int:
     return settings.GATEHOUSE_AUDIT_RETENTION_DAYS
 
 
-def default_due_hours(risk: str) -> int:
-    hours = settings.GATEHOUSE_APPROVAL_DUE_HOURS
-    return int(hours.get(risk, hours["medium"]))
-
-
 def default_due_hours_low() -> int:
-    return default_due_hours("low")
+    return approvals_policy.default_due_hours("low")
 
 
 def default_due_hours_medium() -> int:
-    return default_due_hours("medium")
+    return approvals_policy.default_due_hours("medium")
 
 
 def default_due_hours_high() -> int:
-    return default_due_hours("high")
+    return approvals_policy.default_due_hours("high")
 
 
 def default_escalation_chain() -> list[dict]:
-    return [
-        {"name": "remind", "after_hours": 0, "notify": [Role.REVIEWER.value]},
-        {
-            "name": "escalate",
-            "after_hours": settings.GATEHOUSE_APPROVAL_ESCALATE_AFTER_HOURS,
-            "notify": [Role.COMPLIANCE_OFFICER.value],
-        },
-    ]
+    return approvals_policy.default_chain()
 
 
 def default_expire_after_hours() -> int:
-    return settings.GATEHOUSE_APPROVAL_EXPIRE_AFTER_HOURS
+    return approvals_policy.default_expire_after_hours()
 
 
 def _bounded(low: int, high: int) -> list:
     return [MinValueValidator(low), MaxValueValidator(high)]
-
-
-@dataclass(frozen=True)
-class EscalationStep:
-    """One hop of the chain: `after_hours` after the previous hop (the first
-    after the request's due time), notify the members with these roles."""
-
-    level: int  # 1 for the first hop
-    name: str
-    after: timedelta
-    notify: tuple[str, ...]
 
 
 def validate_escalation_chain(chain) -> None:
@@ -216,28 +193,18 @@ class RetentionPolicy(models.Model):
     def audit_retention(self) -> timedelta:
         return timedelta(days=self.audit_retention_days)
 
-    def approval_due_in(self, risk: str) -> timedelta:
-        hours = {
-            "low": self.approval_due_hours_low,
-            "medium": self.approval_due_hours_medium,
-            "high": self.approval_due_hours_high,
-        }
-        return timedelta(hours=hours.get(risk, self.approval_due_hours_medium))
-
-    def escalation_steps(self) -> list[EscalationStep]:
-        return [
-            EscalationStep(
-                level=level,
-                name=step["name"],
-                after=timedelta(hours=step["after_hours"]),
-                notify=tuple(step["notify"]),
-            )
-            for level, step in enumerate(self.escalation_chain, start=1)
-        ]
-
-    @property
-    def expire_after(self) -> timedelta:
-        return timedelta(hours=self.expire_after_hours)
+    def approval_policy(self) -> approvals_policy.ApprovalPolicy:
+        """This tenant's approval policy, as approvals reads it
+        (approvals.policy; registered by RetentionConfig.ready)."""
+        return approvals_policy.ApprovalPolicy.from_stored(
+            due_hours={
+                "low": self.approval_due_hours_low,
+                "medium": self.approval_due_hours_medium,
+                "high": self.approval_due_hours_high,
+            },
+            chain=self.escalation_chain,
+            expire_after_hours=self.expire_after_hours,
+        )
 
 
 class LegalHoldQuerySet(TenantOwnedQuerySet):

@@ -35,8 +35,8 @@ from django.db.models import (
 )
 from django.utils import timezone
 
-from approvals.escalation import approval_close
 from approvals.models import ApprovalRequest
+from approvals.services import approval_close
 from audit import events
 from audit.services import Actor, record, thread_tombstone_record
 from retention.models import DeletionRequest, LegalHold, RetentionPolicy, ThreadRemoval

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from runs import permissions
 from runs.models import Membership, Tenant
 
 
@@ -48,6 +49,12 @@ def has_role(user, roles: set[str], tenant_id: int | None = None) -> bool:
         return True
     ids = tenant_ids_for(user, roles)
     return bool(ids) if tenant_id is None else tenant_id in ids
+
+
+def user_can(user, capability: str, tenant_id: int | None = None) -> bool:
+    """Whether a staff user may do `capability` (runs.permissions) in the
+    tenant (in any of theirs when `tenant_id` is None); superusers may."""
+    return has_role(user, permissions.roles_with(capability), tenant_id)
 
 
 class TenantScopedAdmin(admin.ModelAdmin):

@@ -30,13 +30,18 @@ ROLE_SCOPES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 
 READ_STATE = "threads.read_state"
 DECIDE = "approvals.decide"
+VIEW_APPROVALS = "approvals.view"  # the desk's queue and cards
+MANAGE_QUEUE = "approvals.manage_queue"  # reassign, escalate by hand
+REVIEW_STATS = "approvals.review_stats"  # the dashboard's reviewer figures
 MANAGE_MEMBERS = "members.manage"
 ISSUE_KEYS = "keys.issue"
 
 ROLE_CAPABILITIES: dict[str, frozenset[str]] = {
-    Role.REVIEWER: frozenset({READ_STATE, DECIDE}),
-    Role.COMPLIANCE_OFFICER: frozenset({READ_STATE, DECIDE}),
-    Role.AUDITOR: frozenset({READ_STATE}),
+    Role.REVIEWER: frozenset({READ_STATE, DECIDE, VIEW_APPROVALS}),
+    Role.COMPLIANCE_OFFICER: frozenset(
+        {READ_STATE, DECIDE, VIEW_APPROVALS, MANAGE_QUEUE, REVIEW_STATS}
+    ),
+    Role.AUDITOR: frozenset({READ_STATE, VIEW_APPROVALS, REVIEW_STATS}),
     Role.TENANT_ADMIN: frozenset({MANAGE_MEMBERS, ISSUE_KEYS}),
 }
 # What a service key may do beyond its scopes' reads and writes, by scope.
@@ -50,6 +55,15 @@ def role_scopes(role: str) -> frozenset[str]:
     """Every scope a role grants, for reading at least."""
     write, read_only = ROLE_SCOPES[role]
     return write | read_only
+
+
+def roles_with(capability: str) -> frozenset[str]:
+    """The roles that grant `capability`."""
+    return frozenset(
+        role
+        for role, capabilities in ROLE_CAPABILITIES.items()
+        if capability in capabilities
+    )
 
 
 def can(principal, capability: str) -> bool:

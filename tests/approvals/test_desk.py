@@ -10,10 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from approvals.desk import card_hash, snapshot_card
+from approvals.cards import card_hash, snapshot_card
+from approvals.content import decision_detail, payload_of
 from approvals.desk_models import DecisionSnapshot, RequestOpening
 from approvals.models import ApprovalRequest, Decision
-from approvals.services import decision_detail, payload_of
 from audit.models import AuditEvent
 from runs import storage
 from runs.crypto import ThreadCipher

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.desk import snapshot_card
+from approvals.cards import snapshot_card
 from approvals.desk_models import DecisionSnapshot
 from approvals.models import Decision
 from runs.crypto import ThreadCipher

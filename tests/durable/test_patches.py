@@ -19,7 +19,7 @@ PATCHED = "review@1=tests.durable_agents:review_graph_patched"
 
 
 def payload_checks(thread_id: str) -> list:
-    from approvals.services import payload_of
+    from approvals.content import payload_of
 
     return payload_of(ApprovalRequest.objects.get(thread__thread_id=thread_id))["args"][
         "checks"

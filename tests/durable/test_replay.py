@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from langgraph.types import Command, interrupt
 
+from approvals.content import payload_of
 from approvals.models import ApprovalRequest
-from approvals.services import payload_of
 from gatehouse import durable
 from runs.models import RecordedValue
 from runs.storage import content_clear

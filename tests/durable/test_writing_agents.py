@@ -7,8 +7,8 @@ tests/docs_examples.py) and run here on the real worker, over REST.
 import pytest
 from django.core.management import call_command
 
+from approvals.content import payload_of
 from approvals.models import ApprovalRequest
-from approvals.services import payload_of
 from runs.models import Thread
 from tests.docs_examples import AGENTS, examples
 from tests.durable.helpers import decide, start, state, wait_run

@@ -7,8 +7,8 @@ import time_machine
 from django.core import mail
 from django.utils import timezone
 
-from approvals.escalation import next_hop, policy_for
 from approvals.models import ApprovalRequest
+from approvals.policy import next_hop, policy_for
 from audit.models import AuditEvent
 from audit.services import announce_event
 from retention.jobs import job_run

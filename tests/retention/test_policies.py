@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.test import override_settings
 
-from approvals.services import _due_in
+from approvals.policy import policy_for
 from audit.models import AuditEvent
 from retention.models import RetentionPolicy
 from retention.services import retention_policy_set
@@ -26,7 +26,7 @@ def test_a_tenant_without_a_policy_gets_the_settings_defaults():
     assert policy.pk is None
     assert policy.checkpoint_ttl == timedelta(days=30)
     assert policy.keep_latest_checkpoints == 7
-    steps = policy.escalation_steps()
+    steps = policy.approval_policy().steps
     assert [(s.name, s.after, s.notify) for s in steps] == [
         ("remind", timedelta(0), ("reviewer",)),
         ("escalate", timedelta(hours=2), ("compliance_officer",)),
@@ -86,7 +86,7 @@ def test_a_policy_change_is_audited_with_the_fields_changed():
 
 def test_approval_due_time_follows_the_tenant_policy():
     tenant = make_tenant()
-    assert _due_in("high", tenant) == timedelta(hours=4)  # settings
+    assert policy_for(tenant).due_in("high") == timedelta(hours=4)  # settings
     retention_policy_set(tenant=tenant, actor=TESTS, approval_due_hours_high=1)
-    assert _due_in("high", tenant) == timedelta(hours=1)
-    assert _due_in("high", make_tenant()) == timedelta(hours=4)
+    assert policy_for(tenant).due_in("high") == timedelta(hours=1)
+    assert policy_for(make_tenant()).due_in("high") == timedelta(hours=4)

@@ -3,14 +3,16 @@ a compliance officer in the admin (audited), and a request whose interrupt is
 gone is closed with the reason."""
 
 import pytest
+from django.utils import timezone
 
-from approvals.escalation import approvals_close_orphaned
 from approvals.models import ApprovalRequest
+from approvals.sweeps import approvals_close_orphaned
 from audit.models import AuditEvent
 from audit.redaction import digest
 from audit.services import Actor
 from runs.models import Run, Thread
 from runs.services import thread_close
+from runs.sweeps import Sweep
 from tests.agents import provider_marker
 from tests.approvals.helpers import logged_in, wait_run, waiting_request
 from tests.factories import make_member, make_tenant, tenant_with_client
@@ -132,7 +134,7 @@ def test_a_request_whose_interrupt_is_gone_is_closed_with_the_reason():
     tenant = make_tenant()
     approval = waiting_request(tenant)
     Thread.objects.filter(pk=approval.thread_id).update(status="idle")
-    result = approvals_close_orphaned()
+    result = approvals_close_orphaned(Sweep(now=timezone.now(), batch_size=50))
     assert result.counts[tenant.pk]["closed"] == 1
     approval.refresh_from_db()
     assert approval.status == "cancelled"
@@ -144,8 +146,8 @@ def test_a_request_whose_interrupt_is_gone_is_closed_with_the_reason():
 def test_a_retry_that_stops_at_a_closed_requests_interrupt_reopens_it():
     from langgraph.types import Interrupt
 
-    from approvals.escalation import approval_close
-    from approvals.services import approval_requests_open, payload_of
+    from approvals.content import payload_of
+    from approvals.services import approval_close, approval_requests_open
 
     tenant = make_tenant()
     approval = waiting_request(tenant)

@@ -3,8 +3,8 @@ worker: a gate resumed with a value that no decision on its own request gave."""
 
 import pytest
 
+from approvals.content import resume_value_of
 from approvals.models import ApprovalRequest
-from approvals.services import resume_value_of
 from runs.crypto import ThreadCipher
 from runs.models import Run, Thread
 from tests.approvals.helpers import wait_run

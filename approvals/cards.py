@@ -1,10 +1,10 @@
-"""The reviewer's desk: the request card, what a reviewer saw, and the desk's
-use cases (decide, reassign, escalate). The admin (`approvals.admin`) parses
-and renders; everything that reads or changes state is here.
+"""The reviewer's desk, as shown: the request card, the queue's columns, and
+the cards reviewers decided on. Formatting and reads only; what the desk
+changes is approvals.services.desk.
 
-Deciding goes through `approvals.services.approval_decide`, exactly as the
-REST decision does; the desk adds the snapshot of the card the reviewer
-decided on, in the same transaction.
+A card is a mapping of display values (strings, numbers, bools, lists and
+dicts of those), so its hash is stable and it can be stored and shown again
+exactly as it was.
 """
 
 from __future__ import annotations
@@ -16,58 +16,26 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Min
 from django.utils import timezone
 
+from approvals.content import card_row, decision_detail, payload_of, snapshot_row
 from approvals.desk_models import Assignment, DecisionSnapshot, RequestOpening
 from approvals.edits import action_of, args_diff, diff_text, value_text
 from approvals.models import ApprovalRequest, Decision
-from approvals.services import (
-    Reviewer,
-    approval_decide,
-    approval_event,
-    approves,
-    counted_approvals,
-    current_args,
-    decision_detail,
-    payload_of,
-)
-from audit import events
+from approvals.reviewers import approves, counted_approvals, current_args
 from audit.services import Actor
-from runs.admin_scoping import has_role
 from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
-from runs.errors import InvalidRequest, StateConflict, VersionSkew
-from runs.models import Role, Run
+from runs.errors import VersionSkew
 from runs.selectors import jsonable
 from runs.services import thread_state
 
 logger = logging.getLogger(__name__)
-
-# Who may do what on the desk (superusers may do everything).
-VIEW_ROLES = {Role.REVIEWER, Role.COMPLIANCE_OFFICER, Role.AUDITOR}
-DECIDE_ROLES = {Role.REVIEWER, Role.COMPLIANCE_OFFICER}
-OFFICER_ROLES = {Role.COMPLIANCE_OFFICER}
-STATS_ROLES = {Role.COMPLIANCE_OFFICER, Role.AUDITOR}
 
 # How much of the thread's context a card shows.
 CONTEXT_MESSAGES = 6
 CONTEXT_TEXT_CHARS = 2000
 THREAD_DECISIONS = 10
 SUMMARY_CHARS = 90
-
-
-def can_view(user, tenant_id: int) -> bool:
-    return has_role(user, VIEW_ROLES, tenant_id)
-
-
-def can_decide(user, tenant_id: int) -> bool:
-    return has_role(user, DECIDE_ROLES, tenant_id)
-
-
-def can_manage_queue(user, tenant_id: int) -> bool:
-    """Reassign and escalate: compliance officers."""
-    return has_role(user, OFFICER_ROLES, tenant_id)
 
 
 # --- Formatting ------------------------------------------------------------------
@@ -283,54 +251,19 @@ def card_fields(
     }
 
 
-def _card_row(opening: RequestOpening) -> tuple[str, str]:
-    return ("approval-card", str(opening.id))
-
-
-def _snapshot_row(snapshot: DecisionSnapshot) -> tuple[str, str]:
-    return ("decision-snapshot", str(snapshot.id))
-
-
 def _verified(card: dict[str, Any], expected_hash: str, what: str) -> dict[str, Any]:
     if card_hash(card) != expected_hash:
         raise CryptoError(f"{what} does not match its content hash")
     return card
 
 
-def opening_record(
-    *, approval: ApprovalRequest, user, card: dict[str, Any]
-) -> RequestOpening:
-    """Record that `user` opened the request and was shown `card`."""
-    opening = RequestOpening(
-        tenant_id=approval.tenant_id,
-        request=approval,
-        user=user,
-        content_hash=card_hash(card),
-    )
-    cipher = ThreadCipher.for_thread(approval.thread)
-    opening.card = cipher.encrypt_value(card, row=_card_row(opening))
-    opening.save()
-    return opening
-
-
 def opening_card(opening: RequestOpening, cipher: ThreadCipher) -> dict[str, Any]:
-    card = cipher.decrypt_value(opening.card, row=_card_row(opening))
+    card = cipher.decrypt_value(opening.card, row=card_row(opening))
     return _verified(card, opening.content_hash, f"card of opening {opening.pk}")
 
 
-def opening_for(
-    *, approval: ApprovalRequest, user, opening_id
-) -> RequestOpening | None:
-    """The user's own opening of this request, or None (an old or forged id)."""
-    if not opening_id:
-        return None
-    return RequestOpening.objects.filter(
-        pk=opening_id, request=approval, user=user
-    ).first()
-
-
 def snapshot_card(snapshot: DecisionSnapshot, cipher: ThreadCipher) -> dict[str, Any]:
-    card = cipher.decrypt_value(snapshot.card, row=_snapshot_row(snapshot))
+    card = cipher.decrypt_value(snapshot.card, row=snapshot_row(snapshot))
     return _verified(card, snapshot.content_hash, f"snapshot {snapshot.pk}")
 
 
@@ -359,121 +292,3 @@ def decisions_with_cards(approval: ApprovalRequest) -> list[dict[str, Any]]:
         )
         entries.append(entry)
     return entries
-
-
-# --- Use cases -------------------------------------------------------------------
-
-
-@transaction.atomic
-def desk_decide(
-    *,
-    approval: ApprovalRequest,
-    user,
-    opening: RequestOpening,
-    approved: bool,
-    note: str = "",
-    args: dict[str, Any] | None = None,
-) -> tuple[ApprovalRequest, Run | None, DecisionSnapshot]:
-    """Decide through `approval_decide` and keep the card the user decided on.
-
-    The decision is about the arguments that card showed: RequestChanged if
-    an edit changed them since the page was opened. Raises what
-    approval_decide raises (InvalidRequest, StateConflict); the snapshot is
-    written in the same transaction as the decision.
-    """
-    if opening.request_id != approval.pk or opening.user_id != user.pk:
-        raise InvalidRequest("this page was opened by someone else", field="opening")
-    cipher = ThreadCipher.for_thread(approval.thread)
-    card = opening_card(opening, cipher)
-    approval, run = approval_decide(
-        approval=approval,
-        reviewer=Reviewer.for_user(user),
-        approved=approved,
-        note=note,
-        args=args,
-        seen_args=card["args"],
-    )
-    decision = approval.decisions.filter(reviewer_user=user).latest("created_at")
-    first_opened = RequestOpening.objects.filter(request=approval, user=user).aggregate(
-        first=Min("opened_at")
-    )["first"]
-    snapshot = DecisionSnapshot(
-        decision=decision,
-        opening=opening,
-        first_opened_at=first_opened,
-        rendered_at=opening.opened_at,
-        content_hash=opening.content_hash,
-    )
-    snapshot.card = cipher.encrypt_value(card, row=_snapshot_row(snapshot))
-    snapshot.save()
-    return approval, run, snapshot
-
-
-def _locked_pending(approval: ApprovalRequest) -> ApprovalRequest:
-    locked = (
-        ApprovalRequest.objects.select_for_update(of=("self",))
-        .select_related("tenant", "thread")
-        .get(pk=approval.pk)
-    )
-    if not locked.is_pending:
-        raise StateConflict(
-            f"this request is already {locked.status}", code="already_decided"
-        )
-    return locked
-
-
-def decider_choices(tenant_id: int):
-    """The people who may decide a tenant's requests (for reassignment)."""
-    from django.contrib.auth import get_user_model
-
-    return (
-        get_user_model()
-        .objects.filter(
-            is_active=True,
-            memberships__tenant_id=tenant_id,
-            memberships__role__in=DECIDE_ROLES,
-        )
-        .order_by("username")
-    )
-
-
-@transaction.atomic
-def request_reassign(*, approval: ApprovalRequest, assignee, user) -> Assignment:
-    """Assign a pending request to one of its tenant's deciders."""
-    approval = _locked_pending(approval)
-    if not decider_choices(approval.tenant_id).filter(pk=assignee.pk).exists():
-        raise InvalidRequest(
-            "assign to a reviewer or compliance officer of this tenant",
-            field="assignee",
-        )
-    assignment, _ = Assignment.objects.update_or_create(
-        request=approval,
-        defaults={
-            "assignee": assignee,
-            "assigned_by": user.get_username(),
-            "assigned_at": timezone.now(),
-        },
-    )
-    approval_event(
-        approval=approval,
-        kind=events.APPROVAL_REASSIGNED,
-        actor=Actor.user(user),
-        assignee=assignee.get_username(),
-    )
-    return assignment
-
-
-@transaction.atomic
-def request_escalate(*, approval: ApprovalRequest, user) -> ApprovalRequest:
-    """Raise a pending request's escalation level by one, now."""
-    approval = _locked_pending(approval)
-    approval.escalation_level += 1
-    approval.escalated_at = timezone.now()
-    approval.save(update_fields=["escalation_level", "escalated_at"])
-    approval_event(
-        approval=approval,
-        kind=events.APPROVAL_ESCALATED_MANUALLY,
-        actor=Actor.user(user),
-        level=approval.escalation_level,
-    )
-    return approval

@@ -1,0 +1,179 @@
+"""Deciding an approval request: the one way, for the API and the desk."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from approvals.content import decision_row, payload_of
+from approvals.edits import action_of, args_diff, audit_diff_text, validated_edit
+from approvals.models import ApprovalRequest, Decision
+from approvals.reviewers import (
+    REQUIRED_APPROVALS,
+    Reviewer,
+    counted_approvals,
+    current_args,
+    higher_risk,
+)
+from approvals.services.lifecycle import (
+    approval_event,
+    approval_resolve,
+    locked_pending,
+    resume_value,
+)
+from approvals.services.requests import safe_args
+from audit import events
+from audit.redaction import describe, digest
+from runs.crypto import ThreadCipher
+from runs.errors import InvalidRequest, StateConflict
+from runs.models import Run
+from runs.selectors import jsonable
+
+
+def _raise_risk(request: ApprovalRequest, action, edited: dict[str, Any]) -> bool:
+    """Recompute the risk from edited arguments; it and the approvals needed
+    may rise, never fall. Whether they rose."""
+    declared = action.risk_of(edited)
+    if declared is None:
+        return False
+    risk = higher_risk(request.risk, declared)
+    required = max(request.required_approvals, REQUIRED_APPROVALS[risk])
+    if (risk, required) == (request.risk, request.required_approvals):
+        return False
+    request.risk, request.required_approvals = risk, required
+    request.save(update_fields=["risk", "required_approvals"])
+    return True
+
+
+class RequestChanged(StateConflict):
+    """The arguments changed (another reviewer's edit) since the deciding
+    reviewer was shown them: their decision would be about something else."""
+
+    def __init__(self, seen: dict[str, Any], current: dict[str, Any]) -> None:
+        # Names the arguments, never their values: the admin shows this as a
+        # message, which is stored in the session.
+        changed = ", ".join(edit["arg"] for edit in args_diff(seen, current))
+        super().__init__(
+            f"the request changed since you opened it (another reviewer edited "
+            f"{changed or 'its arguments'}); nothing was recorded: look at it "
+            "again before you decide",
+            code="request_changed",
+        )
+
+
+def _same_reviewer(reviewer: Reviewer) -> StateConflict:
+    if reviewer.user is None:
+        message = (
+            "a service key already approved these arguments; service keys count as "
+            "one approval whatever label they send: the next one must come from a "
+            "person (a session or a personal key)"
+        )
+    else:
+        message = (
+            "you already approved this request; a second, different reviewer is needed"
+        )
+    return StateConflict(message, code="same_reviewer")
+
+
+@transaction.atomic
+def approval_decide(
+    *,
+    approval: ApprovalRequest,
+    reviewer: Reviewer,
+    approved: bool,
+    note: str = "",
+    args: dict[str, Any] | None = None,
+    seen_args: dict[str, Any] | None = None,
+) -> tuple[ApprovalRequest, Run | None]:
+    """Record one decision; the one that settles the request resumes the run.
+
+    Exactly one outcome: the request row is locked, so of concurrent deciders
+    one wins and the others get a 409. An approval counts for the arguments
+    it approved, once per person (all service keys together count once); an
+    edit is validated against the action's declaration, needs a note, and
+    may raise the risk and the approvals needed (approvals.edits).
+
+    `seen_args` are the arguments the reviewer was shown (the desk's card):
+    if another reviewer's edit changed them since, RequestChanged, and
+    nothing is recorded.
+    """
+    note = (note or "").strip()
+    if not approved and not note:
+        raise InvalidRequest("a denial needs a note that says why", field="note")
+    if args is not None and not approved:
+        raise InvalidRequest("edited args go with an approval only", field="args")
+    request = locked_pending(approval)
+    cipher = ThreadCipher.for_thread(request.thread)
+    original = payload_of(request, cipher)["args"]
+    earlier = list(request.decisions.all())
+    current = current_args(original, earlier, cipher)
+    if seen_args is not None and jsonable(current) != seen_args:
+        raise RequestChanged(seen_args, jsonable(current))
+    action = action_of(request.thread, request.action)
+    edit = validated_edit(action, current, args) if args is not None else None
+    if edit is not None and not note:
+        raise InvalidRequest(
+            "an edit of the arguments needs a note that says why", field="note"
+        )
+    approved_args = edit if edit is not None else current
+    counted = counted_approvals(earlier, approved_args, original)
+    if approved and reviewer.counted_as in counted:
+        raise _same_reviewer(reviewer)
+    edits = args_diff(current, edit) if edit is not None else []
+    risk_rose = _raise_risk(request, action, edit) if edit is not None else False
+    decision = Decision(
+        request=request,
+        approved=approved,
+        principal=reviewer.principal,
+        reviewer_user=reviewer.user,
+        reviewer_key_prefix=reviewer.key_prefix,
+        reviewer_label=reviewer.label,
+        claimed_label=reviewer.claimed_label,
+        args_edited=edit is not None,
+        args_digest=digest(approved_args) if approved else "",
+    )
+    decision.detail = cipher.encrypt_value(
+        {"note": note, "args": edit, "edits": edits}, row=decision_row(decision)
+    )
+    decision.save()
+
+    approvals = len(counted | {reviewer.counted_as}) if approved else 0
+    settled = (not approved) or approvals >= request.required_approvals
+    verdict = "approved" if approved else "denied"
+    if approved and not settled:
+        verdict = f"approved ({approvals} of {request.required_approvals})"
+    shown = safe_args(request.thread)
+    edit_text = ""
+    if edits:
+        edit_text = "; edited " + audit_diff_text(edits, shown, limit=150)
+        if risk_rose:
+            edit_text += f" (now {request.risk} risk)"
+    approval_event(
+        approval=request,
+        kind=events.APPROVAL_DECIDED,
+        actor=reviewer.actor,
+        verdict=verdict,
+        reviewer=reviewer.shown[:200],
+        edit=edit_text[:200],
+        args_edited=decision.args_edited,
+        risk=request.risk,
+        required_approvals=request.required_approvals,
+        **({"edited_args": describe(edit, safe_keys=shown)} if edits else {}),
+    )
+    if not settled:
+        return request, None
+    run = approval_resolve(
+        approval=request,
+        status=request.Status.APPROVED if approved else request.Status.DENIED,
+        value=resume_value(
+            approval=request,
+            approved=approved,
+            note=note,
+            reviewer=reviewer.shown,
+            args=approved_args if approved else current,
+            edits=args_diff(original, approved_args) if approved else [],
+        ),
+        actor=reviewer.actor,
+    )
+    return request, run

@@ -1,0 +1,145 @@
+"""What every step of an approval's life shares: its audit event, the lock
+taken before a change, the value that resumes its interrupt, settling and
+closing.
+
+The lock order everywhere: the request, then its thread, and the tenant's
+audit sequence last (`record()` takes it). A worker claiming or finishing a
+run of the thread holds the thread while it records; taking the sequence
+first here would deadlock with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from approvals.content import resume_row
+from approvals.models import ApprovalRequest
+from audit import events
+from audit.services import Actor, record
+from runs.crypto import ThreadCipher
+from runs.errors import StateConflict
+from runs.models import Run, Thread
+from runs.services import run_resume
+
+SYSTEM = Actor.system("approval escalation")
+
+
+def approval_event(
+    *, approval: ApprovalRequest, kind, actor: Actor, run_id=None, **data
+) -> None:
+    """Record an event about an approval request, in the caller's transaction:
+    every such event names the request, its thread, run and action."""
+    record(
+        tenant=approval.tenant,
+        kind=kind,
+        actor=actor,
+        thread_id=approval.thread.thread_id,
+        run_id=str(run_id or approval.run_id),
+        action=approval.action,
+        data={"approval_id": str(approval.pk), "action": approval.action, **data},
+    )
+
+
+def approval_read(*, approval: ApprovalRequest, actor: Actor) -> None:
+    """Audit one `approval.read` event for a response that decrypts the
+    request's payload (its detail over the API)."""
+    approval_event(approval=approval, kind=events.APPROVAL_READ, actor=actor)
+
+
+def locked_pending(approval: ApprovalRequest) -> ApprovalRequest:
+    """The request locked, then its thread locked (the lock order above);
+    StateConflict `already_decided` unless it is still pending. Call it in a
+    transaction: of concurrent callers one goes ahead, the others wait and
+    then see what the first one did."""
+    locked = (
+        ApprovalRequest.objects.select_related("thread", "thread__tenant", "tenant")
+        .select_for_update(of=("self",))
+        .get(pk=approval.pk)
+    )
+    if not locked.is_pending:
+        raise StateConflict(
+            f"this request is already {locked.status}", code="already_decided"
+        )
+    list(
+        Thread.objects.select_for_update()
+        .filter(pk=locked.thread_id)
+        .values_list("pk", flat=True)
+    )
+    return locked
+
+
+def resume_value(
+    *,
+    approval: ApprovalRequest,
+    approved: bool,
+    note: str,
+    reviewer: str,
+    args: dict[str, Any],
+    edits: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """What the gate's `interrupt()` returns to the agent: the verdict, why,
+    who, and the arguments it may act on (approved, possibly edited)."""
+    return {
+        "approved": approved,
+        "note": note,
+        "reviewer": reviewer,
+        "approval_id": str(approval.pk),
+        "args": args,
+        "edits": edits,
+    }
+
+
+def approval_settle(
+    *, approval: ApprovalRequest, status: str, resume_value: dict[str, Any]
+) -> None:
+    """Mark the (locked) request settled and store the value that resumes its
+    interrupt, encrypted: the gate (runs.gates) opens only for that value."""
+    cipher = ThreadCipher.for_thread(approval.thread)
+    approval.status = status
+    approval.decided_at = timezone.now()
+    approval.resume_value = cipher.encrypt_value(resume_value, row=resume_row(approval))
+    approval.save(update_fields=["status", "decided_at", "resume_value"])
+
+
+def approval_resolve(
+    *, approval: ApprovalRequest, status: str, value: dict[str, Any], actor: Actor
+) -> Run:
+    """Settle the (locked) request and resume its run with `value`, in the
+    caller's transaction: settled first, since the gate opens only for the
+    value stored with it. A run of the thread still executing is queued
+    behind, so no decision is lost."""
+    approval_settle(approval=approval, status=status, resume_value=value)
+    return run_resume(
+        thread=approval.thread,
+        resume={approval.interrupt_id: value},
+        actor=actor,
+        behind_active_run=True,
+    )
+
+
+def approval_close(
+    *, approval: ApprovalRequest, reason: str, actor: Actor = SYSTEM
+) -> ApprovalRequest:
+    """Close a pending request that can no longer be answered. Call it locked."""
+    approval.status = ApprovalRequest.Status.CANCELLED
+    approval.decided_at = timezone.now()
+    approval.save(update_fields=["status", "decided_at"])
+    approval_event(
+        approval=approval, kind=events.APPROVAL_CLOSED, actor=actor, reason=reason[:200]
+    )
+    return approval
+
+
+def approvals_close_for_thread(*, thread, actor: Actor, reason: str) -> int:
+    """Close the thread's pending requests, in the caller's transaction: its
+    interrupts will never be resumed (the thread was closed)."""
+    pending = ApprovalRequest.objects.select_for_update(of=("self",)).filter(
+        thread_id=thread.pk, status=ApprovalRequest.Status.PENDING
+    )
+    closed = 0
+    for approval in pending.select_related("tenant", "thread"):
+        approval_close(approval=approval, reason=reason, actor=actor)
+        closed += 1
+    return closed

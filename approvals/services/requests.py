@@ -1,0 +1,112 @@
+"""Opening approval requests for a run's gated interrupts, and moving them
+with their interrupts."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from approvals import payload as payload_contract
+from approvals.content import payload_row
+from approvals.edits import action_of
+from approvals.models import ApprovalRequest
+from approvals.policy import policy_for
+from approvals.reviewers import REQUIRED_APPROVALS, higher_risk
+from approvals.services.lifecycle import approval_event
+from audit import events
+from audit.redaction import describe
+from audit.services import Actor
+from runs import registry
+from runs.actions import ArgsInvalid
+from runs.crypto import ThreadCipher
+from runs.gates import is_gate
+from runs.models import Run
+from runs.signals import InterruptRejected
+
+
+def safe_args(thread) -> frozenset[str]:
+    """The arguments the thread's agent declares safe to show in the trail."""
+    try:
+        return registry.get(thread.agent_name, thread.agent_version).safe_args
+    except registry.UnknownAgent:
+        return frozenset()
+
+
+def _declared_risk(thread, interrupt, payload) -> str:
+    """The request's risk: the action's declared rule, never below the risk
+    the agent's payload states; InterruptRejected when the arguments break
+    the action's declared schema."""
+    action = action_of(thread, payload.action)
+    if action is None:
+        return payload.risk
+    try:
+        declared = action.risk_of(action.validated(payload.args))
+    except ArgsInvalid as exc:
+        raise InterruptRejected(
+            f"the arguments of {payload.action} break its declared schema: {exc}"
+        ) from None
+    if declared is None:
+        return payload.risk
+    stated = "risk" in interrupt.value
+    return higher_risk(payload.risk, declared) if stated else declared
+
+
+def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalRequest]:
+    """One pending request per approval gate among a run's interrupts (input
+    interrupts are the client's to answer); InterruptRejected if a gate's
+    payload breaks the contract (the run then fails with that message)."""
+    parsed = []
+    for interrupt in filter(lambda interrupt: is_gate(interrupt.value), interrupts):
+        try:
+            payload = payload_contract.parse(interrupt.value)
+        except payload_contract.InvalidPayload as exc:
+            raise InterruptRejected(str(exc)) from None
+        risk = _declared_risk(run.thread, interrupt, payload)
+        parsed.append((interrupt, payload, risk))
+    thread = run.thread
+    cipher = ThreadCipher.for_thread(thread)
+    shown = safe_args(thread)
+    policy = policy_for(thread.tenant) if parsed else None
+    opened = []
+    for interrupt, payload, risk in parsed:
+        request = ApprovalRequest.objects.filter(
+            thread=thread, interrupt_id=interrupt.id
+        ).first()
+        if request is not None and request.status != request.Status.CANCELLED:
+            continue  # still waiting (or decided) from an earlier run
+        # A request closed when its run failed waits again once a retry of the
+        # run stops at the same interrupt: a gate is never left without one.
+        request = request or ApprovalRequest(
+            tenant=thread.tenant, thread=thread, interrupt_id=interrupt.id
+        )
+        request.run = run
+        request.status = ApprovalRequest.Status.PENDING
+        request.decided_at = None
+        request.gate, request.risk, request.action = payload.gate, risk, payload.action
+        request.required_approvals = REQUIRED_APPROVALS[risk]
+        request.due_at = timezone.now() + policy.due_in(risk)
+        request.payload = cipher.encrypt_value(
+            payload.as_dict(), row=payload_row(request)
+        )
+        request.save()
+        approval_event(
+            approval=request,
+            kind=events.APPROVAL_REQUESTED,
+            actor=Actor.agent(thread.agent_name),
+            risk=risk,
+            gate=payload.gate,
+            args=describe(payload.args, safe_keys=shown),
+        )
+        opened.append(request)
+    return opened
+
+
+def approval_interrupts_move(*, thread, moved: dict[str, str]) -> int:
+    """The thread's requests follow their interrupts to the ids a migrated
+    checkpoint gives them (runs.services.migration), in the caller's
+    transaction; how many requests moved."""
+    return sum(
+        ApprovalRequest.objects.filter(thread=thread, interrupt_id=old).update(
+            interrupt_id=new
+        )
+        for old, new in moved.items()
+    )

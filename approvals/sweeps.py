@@ -1,0 +1,159 @@
+"""The batch sweeps of pending approvals: what is overdue goes one hop along
+its tenant's chain (approvals.policy), what can no longer be answered is
+closed. retention's scheduled jobs run them (retention.jobs).
+
+Both take requests in bounded batches, locked FOR UPDATE SKIP LOCKED
+(Postgres), one transaction per batch: two sweeps at once never handle one
+request twice, a sweep killed midway loses only its open batch, and a
+reviewer deciding a request meanwhile holds its row, so the sweep passes it
+by. The lock order is the one of every approval change: the request, then
+its thread (approvals.services.lifecycle).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from approvals.models import ApprovalRequest
+from approvals.policy import ApprovalPolicy, next_hop, policy_for
+from approvals.services import (
+    approval_close,
+    approval_escalate,
+    approval_expire,
+    orphan_reason,
+)
+from runs.sweeps import Sweep, SweepResult, after
+
+logger = logging.getLogger(__name__)
+
+# Each request's work takes up to four savepoints (its own, its audit event's,
+# a resume's and that one's event); Postgres slows every session's snapshots
+# once a transaction has more than 64 subtransactions.
+MAX_BATCH = 15
+
+
+def _batch(queryset, batch_size: int, dry_run: bool) -> list[ApprovalRequest]:
+    """The next batch, locked unless this is a dry run (which changes nothing)."""
+    batch_size = min(batch_size, MAX_BATCH)
+    queryset = queryset.select_related("tenant", "thread", "run")
+    if not dry_run:
+        queryset = queryset.select_for_update(skip_locked=True, of=("self",))
+    return list(queryset.order_by("due_at", "pk")[:batch_size])
+
+
+def _guarded(
+    result: SweepResult, approval: ApprovalRequest, counter: str, work: Callable
+) -> None:
+    """One request's work in a savepoint: a broken row is counted, not fatal."""
+    try:
+        with transaction.atomic():
+            work()
+    except Exception:
+        logger.exception("approval %s: sweep failed on it; left as it is", approval.pk)
+        result.add(approval.tenant_id, "errors")
+    else:
+        result.add(approval.tenant_id, counter)
+
+
+def _describe(approval: ApprovalRequest, what: str, why: str = "") -> str:
+    """A dry run's line: "remind approval <id> (tenant/thread, action)"."""
+    return (
+        f"{what} approval {approval.pk} ({approval.tenant.slug}/"
+        f"{approval.thread.thread_id}, {approval.action})" + (f": {why}" if why else "")
+    )
+
+
+# What a pending request is due for: its counter, its dry-run verb and why,
+# and the work (None: nothing due yet).
+Due = tuple[str, str, str, Callable[[], Any]] | None
+
+
+def _orphaned(approval: ApprovalRequest) -> Due:
+    reason = orphan_reason(approval)
+    if reason is None:
+        return None
+    return (
+        "closed",
+        "close",
+        reason,
+        lambda: approval_close(approval=approval, reason=reason),
+    )
+
+
+def _due_now(approval: ApprovalRequest, policy: ApprovalPolicy, now: datetime) -> Due:
+    orphaned = _orphaned(approval)
+    if orphaned is not None:
+        return orphaned
+    hop = next_hop(approval, policy)
+    if hop.at > now:
+        return None
+    if hop.action == "escalate":
+        return (
+            f"step_{hop.step.name}",
+            hop.step.name,
+            "",
+            lambda: approval_escalate(approval=approval, step=hop.step, now=now),
+        )
+    return (
+        "expired",
+        "expire",
+        "deny and resume the run",
+        lambda: approval_expire(approval=approval),
+    )
+
+
+def _sweep(sweep: Sweep, pending, due: Callable[[ApprovalRequest], Due]) -> SweepResult:
+    """Take `pending` batch by batch and do what `due` says of each request
+    (or list it, in a dry run)."""
+    result = SweepResult()
+    cursor = None
+    while not sweep.out_of_time():
+        with transaction.atomic():
+            batch = _batch(
+                pending.filter(after(cursor, "due_at", "pk")),
+                sweep.batch_size,
+                sweep.dry_run,
+            )
+            if not batch:
+                break
+            for approval in batch:
+                found = due(approval)
+                if found is None:
+                    continue
+                counter, what, why, work = found
+                if sweep.dry_run:
+                    result.add(approval.tenant_id, counter)
+                    result.plan.append(_describe(approval, what, why))
+                else:
+                    _guarded(result, approval, counter, work)
+            cursor = (batch[-1].due_at, batch[-1].pk)
+        sweep.tick(len(batch))
+    return result
+
+
+def approvals_escalate(sweep: Sweep) -> SweepResult:
+    """Take every pending request past its due time one hop along its chain;
+    close those that can no longer be answered."""
+    policies: dict[int, ApprovalPolicy] = {}
+
+    def due(approval: ApprovalRequest) -> Due:
+        if approval.tenant_id not in policies:
+            policies[approval.tenant_id] = policy_for(approval.tenant)
+        return _due_now(approval, policies[approval.tenant_id], sweep.now)
+
+    pending = ApprovalRequest.objects.filter(
+        status=ApprovalRequest.Status.PENDING, due_at__lte=sweep.now
+    )
+    return _sweep(sweep, pending, due)
+
+
+def approvals_close_orphaned(sweep: Sweep) -> SweepResult:
+    """Close pending requests whose thread, run or agent version is gone,
+    whatever their due time."""
+    pending = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
+    return _sweep(sweep, pending, _orphaned)
