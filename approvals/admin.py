@@ -41,10 +41,10 @@ CARD_TEMPLATE = "admin/approvals/approvalrequest/card.html"
 DASHBOARD_TEMPLATE = "admin/approvals/approvalrequest/dashboard.html"
 
 
-def _tenant_ids(request, roles):
+def _tenant_ids(request, capability: str):
     if request.user.is_superuser:
         return dashboard.ALL_TENANTS
-    return tenant_ids_for(request.user, roles)
+    return tenant_ids_for(request.user, capability)
 
 
 class EscalatedFilter(admin.SimpleListFilter):
@@ -95,8 +95,7 @@ def _error_text(exc: Exception) -> str:
 
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(TenantScopedAdmin):
-    view_roles = permissions.roles_with(permissions.VIEW_APPROVALS)
-    manage_roles: set[str] = set()
+    view_capability = permissions.VIEW_APPROVALS
 
     list_display = [
         "action",
@@ -147,7 +146,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
     def get_list_display(self, request):
         shown = list(super().get_list_display(request))
         if not request.user.is_superuser:
-            tenants = tenant_ids_for(request.user, self.view_roles)
+            tenants = self.seen_in(request.user)
             if len(tenants) == 1:
                 shown.remove("tenant")  # one tenant: the column says nothing
         return shown
@@ -481,12 +480,8 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         if not self.has_module_permission(request):
             raise PermissionDenied
         now = timezone.now()
-        tenant_ids = _tenant_ids(
-            request, permissions.roles_with(permissions.VIEW_APPROVALS)
-        )
-        stats_ids = _tenant_ids(
-            request, permissions.roles_with(permissions.REVIEW_STATS)
-        )
+        tenant_ids = _tenant_ids(request, permissions.VIEW_APPROVALS)
+        stats_ids = _tenant_ids(request, permissions.REVIEW_STATS)
         rows = dashboard.pending_by_tenant(tenant_ids, now)
         show_stats = stats_ids is dashboard.ALL_TENANTS or bool(stats_ids)
         context = {

@@ -19,16 +19,15 @@ from django.views.decorators.http import require_POST
 
 from audit import anchors, events, selectors, services
 from audit.models import AuditBlock, AuditEvent, AuditVerification
-from runs.admin_scoping import TenantScopedAdmin, has_role, tenant_ids_for
-from runs.models import Role, Tenant
-
-AUDIT_ROLES = {Role.AUDITOR, Role.COMPLIANCE_OFFICER, Role.TENANT_ADMIN}
+from runs import permissions
+from runs.admin_scoping import TenantScopedAdmin, tenant_ids_for, user_can
+from runs.models import Tenant
 
 
 def visible_tenants(request):
     tenants = Tenant.objects.all()
     if not request.user.is_superuser:
-        tenants = tenants.filter(pk__in=tenant_ids_for(request.user, AUDIT_ROLES))
+        tenants = tenants.filter(pk__in=tenant_ids_for(request.user, permissions.READ_AUDIT))
     return tenants
 
 
@@ -64,8 +63,7 @@ class KindFilter(admin.SimpleListFilter):
 
 
 class ReadOnlyAuditAdmin(TenantScopedAdmin):
-    view_roles = AUDIT_ROLES
-    manage_roles: set[str] = set()
+    view_capability = permissions.READ_AUDIT
     show_full_result_count = False  # a COUNT(*) over the trail is slow
 
     def has_add_permission(self, request) -> bool:
@@ -155,7 +153,7 @@ class AuditEventAdmin(ReadOnlyAuditAdmin):
         return urls + super().get_urls()
 
     def timeline_view(self, request, tenant_id: int, thread_id: str):
-        if not has_role(request.user, AUDIT_ROLES, tenant_id):
+        if not user_can(request.user, permissions.READ_AUDIT, tenant_id):
             raise PermissionDenied
         tenant = get_object_or_404(Tenant, pk=tenant_id)
         try:

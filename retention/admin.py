@@ -14,12 +14,10 @@ from django.core.exceptions import ValidationError
 from audit.services import Actor
 from retention import services
 from retention.models import DeletionRequest, LegalHold, RetentionPolicy, ThreadRemoval
-from runs.admin_scoping import TenantScopedAdmin, has_role
+from runs import permissions
+from runs.admin_scoping import TenantScopedAdmin
 from runs.errors import StateConflict
-from runs.models import Role, Thread
-
-COMPLIANCE = {Role.COMPLIANCE_OFFICER}
-READERS = {Role.COMPLIANCE_OFFICER, Role.AUDITOR, Role.TENANT_ADMIN}
+from runs.models import Thread
 
 
 @admin.register(RetentionPolicy)
@@ -56,8 +54,8 @@ class RetentionPolicyAdmin(TenantScopedAdmin):
         ),
         (None, {"fields": ["updated_at", "updated_by"]}),
     ]
-    view_roles = {Role.COMPLIANCE_OFFICER, Role.AUDITOR}
-    manage_roles = {Role.TENANT_ADMIN}
+    view_capability = permissions.VIEW_POLICY
+    manage_capability = permissions.MANAGE_POLICY
 
     def get_readonly_fields(self, request, obj=None):
         # The tenant of an existing policy does not change.
@@ -120,8 +118,8 @@ class LegalHoldAdmin(TenantScopedAdmin):
         "lift_reason",
     ]
     actions = ["lift"]
-    view_roles = {Role.AUDITOR, Role.TENANT_ADMIN}
-    manage_roles = COMPLIANCE
+    view_capability = permissions.VIEW_HOLDS
+    manage_capability = permissions.MANAGE_HOLDS
 
     def get_fields(self, request, obj=None):
         return self.readonly_fields if obj else ["tenant", "thread_ref", "reason"]
@@ -148,7 +146,7 @@ class LegalHoldAdmin(TenantScopedAdmin):
     def lift(self, request, queryset):
         lifted = 0
         for hold in queryset.filter(lifted_at=None):
-            if not has_role(request.user, self.manage_roles, hold.tenant_id):
+            if not self.may_manage(request.user, hold.tenant_id):
                 continue
             try:
                 services.legal_hold_lift(
@@ -163,7 +161,7 @@ class LegalHoldAdmin(TenantScopedAdmin):
 
     def get_actions(self, request):
         actions = super().get_actions(request)
-        if not has_role(request.user, self.manage_roles):
+        if not self.may_manage(request.user):
             actions.pop("lift", None)
         return actions
 
@@ -220,8 +218,8 @@ class DeletionRequestAdmin(TenantScopedAdmin):
         "record",
     ]
     inlines = [ThreadRemovalInline]
-    view_roles = READERS
-    manage_roles = COMPLIANCE
+    view_capability = permissions.READ_DELETIONS
+    manage_capability = permissions.REQUEST_DELETION
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         if obj is None:

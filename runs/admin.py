@@ -12,13 +12,10 @@ from runs import permissions, services
 from runs.admin_scoping import (
     ScopedTenantFilter,
     TenantScopedAdmin,
-    has_role,
     tenant_ids_for,
+    user_can,
 )
 from runs.models import ApiKey, Membership, Role, Scope, Tenant
-
-ADMIN_ROLES = {Role.TENANT_ADMIN}
-ALL_ROLES = set(Role.values)
 
 
 @admin.register(Tenant)
@@ -34,16 +31,20 @@ class TenantAdmin(admin.ModelAdmin):
         return queryset.filter(pk__in=tenant_ids_for(request.user))
 
     def has_module_permission(self, request):
-        return has_role(request.user, ALL_ROLES)
+        return user_can(request.user, permissions.VIEW_TENANT)
 
     def has_view_permission(self, request, obj=None):
-        return has_role(request.user, ALL_ROLES, obj.pk if obj else None)
+        return user_can(
+            request.user, permissions.VIEW_TENANT, obj.pk if obj else None
+        )
 
     def has_add_permission(self, request):
         return request.user.is_superuser
 
     def has_change_permission(self, request, obj=None):
-        return has_role(request.user, ADMIN_ROLES, obj.pk if obj else None)
+        return user_can(
+            request.user, permissions.MANAGE_TENANT, obj.pk if obj else None
+        )
 
     def has_delete_permission(self, request, obj=None):
         return False  # a tenant's audit trail must outlive it; no deletion here
@@ -65,13 +66,13 @@ class MembershipAdmin(TenantScopedAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["role", ScopedTenantFilter]
     search_fields = ["user__username", "tenant__slug"]
-    view_roles = {Role.COMPLIANCE_OFFICER, Role.AUDITOR}
-    manage_roles = ADMIN_ROLES
+    view_capability = permissions.VIEW_MEMBERS
+    manage_capability = permissions.MANAGE_MEMBERS
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "user" and not request.user.is_superuser:
             # The members of the tenants this user manages, and nobody else.
-            ids = tenant_ids_for(request.user, self.manage_roles)
+            ids = tenant_ids_for(request.user, self.manage_capability)
             kwargs["queryset"] = (
                 get_user_model()
                 .objects.filter(memberships__tenant_id__in=ids)
@@ -210,8 +211,8 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "revoked_at",
     ]
     actions = ["revoke"]
-    view_roles = {Role.COMPLIANCE_OFFICER, Role.AUDITOR}
-    manage_roles = ADMIN_ROLES
+    view_capability = permissions.VIEW_KEYS
+    manage_capability = permissions.ISSUE_KEYS
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         if obj is None:
@@ -285,7 +286,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         ] + super().get_urls()
 
     def personal_keys_view(self, request):
-        if not has_role(request.user, ALL_ROLES):
+        if not user_can(request.user, permissions.VIEW_TENANT):
             raise PermissionDenied
         form = PersonalKeyForm(request.POST or None, user=request.user)
         if request.method == "POST" and form.is_valid():
@@ -335,7 +336,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
     def get_actions(self, request):
         actions = super().get_actions(request)
-        if not has_role(request.user, self.manage_roles):
+        if not self.may_manage(request.user):
             actions.pop("revoke", None)
         return actions
 

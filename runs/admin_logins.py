@@ -12,11 +12,11 @@ from django.conf import settings
 from django.contrib import admin, messages
 
 from audit.services import Actor
-from runs import services
-from runs.admin_scoping import has_role, tenant_ids_for
-from runs.models import Membership, Role, Tenant
+from runs import permissions, services
+from runs.admin_scoping import tenant_ids_for, user_can
+from runs.models import Membership, Tenant
 
-LIFT_ROLES = {Role.COMPLIANCE_OFFICER}
+LIFT = permissions.LIFT_LOCKOUTS
 
 
 def _usernames_in(tenant_ids: list[int]):
@@ -40,17 +40,17 @@ class LoginLockoutAdmin(admin.ModelAdmin):
         )
         if request.user.is_superuser:
             return queryset
-        ids = tenant_ids_for(request.user, LIFT_ROLES)
+        ids = tenant_ids_for(request.user, LIFT)
         return queryset.filter(username__in=_usernames_in(ids))
 
     def has_module_permission(self, request):
-        return has_role(request.user, LIFT_ROLES)
+        return user_can(request.user, LIFT)
 
     def has_view_permission(self, request, obj=None):
-        return has_role(request.user, LIFT_ROLES)
+        return user_can(request.user, LIFT)
 
     def has_change_permission(self, request, obj=None):
-        return has_role(request.user, LIFT_ROLES)
+        return user_can(request.user, LIFT)
 
     def has_add_permission(self, request):
         return False
@@ -63,7 +63,7 @@ class LoginLockoutAdmin(admin.ModelAdmin):
         allowed = (
             None
             if request.user.is_superuser
-            else set(tenant_ids_for(request.user, LIFT_ROLES))
+            else set(tenant_ids_for(request.user, LIFT))
         )
         for username in sorted(set(queryset.values_list("username", flat=True))):
             tenants = Tenant.objects.filter(memberships__user__username=username)

@@ -3,7 +3,9 @@
 Superusers see every tenant. Everyone else sees the tenants of their
 memberships, in lists, on change pages and in every foreign-key dropdown
 (Django's admin would otherwise list every tenant's rows there). What a role
-may do is decided on the server, in the has_*_permission methods.
+may do is decided on the server, in the has_*_permission methods, by the
+capabilities of runs.permissions: an admin class names the capability its
+rows need, never a role.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ def roles_in(user, tenant_id: int) -> set[str]:
     return {role for tid, role in memberships_of(user) if tid == tenant_id}
 
 
-def tenant_ids_for(user, roles: set[str] | None = None) -> list[int]:
+def tenant_ids_for(user, capability: str | None = None) -> list[int]:
+    """The tenants in which the user's role grants `capability` (any of
+    their tenants when None)."""
+    roles = None if capability is None else permissions.roles_with(capability)
     return [
         tenant_id
         for tenant_id, role in memberships_of(user)
@@ -42,40 +47,52 @@ def tenant_ids_for(user, roles: set[str] | None = None) -> list[int]:
     ]
 
 
-def has_role(user, roles: set[str], tenant_id: int | None = None) -> bool:
+def user_can(user, capability: str, tenant_id: int | None = None) -> bool:
+    """Whether a staff user may do `capability` (runs.permissions) in the
+    tenant (in any of theirs when `tenant_id` is None); superusers may."""
     if not (user.is_active and user.is_staff):
         return False
     if user.is_superuser:
         return True
-    ids = tenant_ids_for(user, roles)
+    ids = tenant_ids_for(user, capability)
     return bool(ids) if tenant_id is None else tenant_id in ids
-
-
-def user_can(user, capability: str, tenant_id: int | None = None) -> bool:
-    """Whether a staff user may do `capability` (runs.permissions) in the
-    tenant (in any of theirs when `tenant_id` is None); superusers may."""
-    return has_role(user, permissions.roles_with(capability), tenant_id)
 
 
 class TenantScopedAdmin(admin.ModelAdmin):
     """Base for admin classes of rows that belong to one tenant."""
 
     tenant_path = "tenant"
-    # Roles that may see these rows; and roles that may add, change or delete.
-    view_roles: set[str] = set()
-    manage_roles: set[str] = set()
+    # The capabilities (runs.permissions) to see these rows, and to add,
+    # change or delete them (which lets one see them too); "" grants nothing.
+    view_capability = ""
+    manage_capability = ""
+
+    def seen_in(self, user) -> list[int]:
+        """The tenants whose rows the user sees here."""
+        return sorted(
+            set(tenant_ids_for(user, self.view_capability))
+            | set(tenant_ids_for(user, self.manage_capability))
+        )
+
+    def may_see(self, user, tenant_id: int | None = None) -> bool:
+        return user_can(user, self.view_capability, tenant_id) or user_can(
+            user, self.manage_capability, tenant_id
+        )
+
+    def may_manage(self, user, tenant_id: int | None = None) -> bool:
+        return user_can(user, self.manage_capability, tenant_id)
 
     def get_queryset(self, request):
         queryset = super().get_queryset(request)
         if request.user.is_superuser:
             return queryset
-        ids = tenant_ids_for(request.user, self.view_roles | self.manage_roles)
+        ids = self.seen_in(request.user)
         return queryset.filter(**{f"{self.tenant_path}__in": ids})
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         related = db_field.related_model
         if not request.user.is_superuser:
-            ids = tenant_ids_for(request.user, self.manage_roles)
+            ids = tenant_ids_for(request.user, self.manage_capability)
             if related is Tenant:
                 kwargs["queryset"] = Tenant.objects.filter(pk__in=ids)
             elif any(f.name == "tenant" for f in related._meta.get_fields()):
@@ -91,21 +108,19 @@ class TenantScopedAdmin(admin.ModelAdmin):
         return target.pk
 
     def has_module_permission(self, request) -> bool:
-        return has_role(request.user, self.view_roles | self.manage_roles)
+        return self.may_see(request.user)
 
     def has_view_permission(self, request, obj=None) -> bool:
-        return has_role(
-            request.user, self.view_roles | self.manage_roles, self._tenant_id_of(obj)
-        )
+        return self.may_see(request.user, self._tenant_id_of(obj))
 
     def has_add_permission(self, request) -> bool:
-        return has_role(request.user, self.manage_roles)
+        return self.may_manage(request.user)
 
     def has_change_permission(self, request, obj=None) -> bool:
-        return has_role(request.user, self.manage_roles, self._tenant_id_of(obj))
+        return self.may_manage(request.user, self._tenant_id_of(obj))
 
     def has_delete_permission(self, request, obj=None) -> bool:
-        return has_role(request.user, self.manage_roles, self._tenant_id_of(obj))
+        return self.may_manage(request.user, self._tenant_id_of(obj))
 
 
 class ScopedTenantFilter(admin.SimpleListFilter):
@@ -119,8 +134,7 @@ class ScopedTenantFilter(admin.SimpleListFilter):
     def lookups(self, request, model_admin):
         tenants = Tenant.objects.all()
         if not request.user.is_superuser:
-            roles = model_admin.view_roles | model_admin.manage_roles
-            tenants = tenants.filter(pk__in=tenant_ids_for(request.user, roles))
+            tenants = tenants.filter(pk__in=model_admin.seen_in(request.user))
         return [(str(tenant.pk), tenant.slug) for tenant in tenants]
 
     def queryset(self, request, queryset):

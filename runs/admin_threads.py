@@ -24,32 +24,20 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from audit.services import Actor
-from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, has_role
+from runs import permissions
+from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, user_can
 from runs.crypto import ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict, VersionSkew
-from runs.models import Checkpoint, Role, Run, Thread
+from runs.models import Checkpoint, Run, Thread
 from runs.selectors import state_body
 from runs.services import run_retry, thread_close, thread_state
 
 THREAD_TEMPLATE = "admin/runs/thread/detail.html"
-VIEW_ROLES = {
-    Role.REVIEWER,
-    Role.COMPLIANCE_OFFICER,
-    Role.AUDITOR,
-    Role.TENANT_ADMIN,
-}
-# Roles that may read a thread's decrypted content; tenant admins manage the
-# tenant, they do not read its customers' conversations.
-STATE_ROLES = {Role.REVIEWER, Role.COMPLIANCE_OFFICER, Role.AUDITOR}
-# Who may run a failed thread again or close it: a decision may stand behind
-# the failed run, so it is a compliance decision, not a reviewer's.
-RECOVERY_ROLES = {Role.COMPLIANCE_OFFICER}
 TIMELINE_ENTRIES = 200
 
 
 class ReadOnlyScopedAdmin(TenantScopedAdmin):
-    view_roles = VIEW_ROLES
-    manage_roles: set[str] = set()
+    view_capability = permissions.VIEW_THREADS
     actions = None
 
     def has_add_permission(self, request) -> bool:
@@ -123,7 +111,9 @@ class ThreadAdmin(ReadOnlyScopedAdmin):
             raise Http404("no such thread")
         if not self.has_view_permission(request, thread):
             raise PermissionDenied
-        can_read_state = has_role(request.user, STATE_ROLES, thread.tenant_id)
+        # Tenant admins see the structure; decrypted content (state, interrupt
+        # values) only the roles that read content (runs.permissions).
+        can_read_state = user_can(request.user, permissions.READ_STATE, thread.tenant_id)
         chosen = request.GET.get("checkpoint", "")
         state, state_error = None, ""
         if chosen:
@@ -142,7 +132,7 @@ class ThreadAdmin(ReadOnlyScopedAdmin):
             "state": state,
             "state_error": state_error,
             "can_recover": thread.status == Thread.Status.ERROR
-            and has_role(request.user, RECOVERY_ROLES, thread.tenant_id),
+            and user_can(request.user, permissions.RECOVER_RUNS, thread.tenant_id),
         }
         return TemplateResponse(request, THREAD_TEMPLATE, context)
 
@@ -167,7 +157,7 @@ class ThreadAdmin(ReadOnlyScopedAdmin):
         thread = self.get_object(request, str(object_id))
         if thread is None:
             raise Http404("no such thread")
-        if not has_role(request.user, RECOVERY_ROLES, thread.tenant_id):
+        if not user_can(request.user, permissions.RECOVER_RUNS, thread.tenant_id):
             raise PermissionDenied
         return thread
 

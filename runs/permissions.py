@@ -2,10 +2,11 @@
 
 Scopes are what API keys carry and roles grant (runs, approvals, audit,
 time_travel); a role grants some only for reading. Capabilities name the
-acts that a scope alone does not settle: reading a thread's decrypted state,
-deciding an approval, managing members, issuing keys. The API
-(runs.api.permissions) and the admin (runs.admin_scoping, the apps' admin
-classes) both ask here.
+acts that a scope alone does not settle (reading a thread's decrypted state,
+deciding an approval, asking for a deletion) and every page of the admin.
+The API asks `can(principal, capability)` (runs.api.permissions); the admin
+asks `runs.admin_scoping.user_can(user, capability, tenant_id)`, which reads
+the same map: no view or admin class names a role.
 
 Tenant admins manage the tenant (members, keys, policies) and nothing else:
 they read no decrypted content and decide nothing, change no membership of
@@ -28,25 +29,85 @@ ROLE_SCOPES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     Role.TENANT_ADMIN: (frozenset({Scope.RUNS}), frozenset({Scope.AUDIT})),
 }
 
-READ_STATE = "threads.read_state"
+# Capabilities, by what they let one do. A role's admin pages and API
+# endpoints ask for one of these; none asks for a role.
+VIEW_TENANT = "tenant.view"  # the tenant's page; one's own personal keys
+MANAGE_TENANT = "tenant.manage"  # rename the tenant
+VIEW_MEMBERS = "members.view"
+MANAGE_MEMBERS = "members.manage"
+VIEW_KEYS = "keys.view"
+ISSUE_KEYS = "keys.issue"  # service keys (and revoking any key of the tenant)
+LIFT_LOCKOUTS = "logins.lift"  # admin login lockouts of the tenant's people
+VIEW_THREADS = "threads.view"  # threads and runs, structure only
+READ_STATE = "threads.read_state"  # decrypted state and interrupt values (audited)
+RECOVER_RUNS = "runs.recover"  # retry or close a thread whose run failed
+VIEW_APPROVALS = "approvals.view"  # the desk's queue, cards and dashboard
 DECIDE = "approvals.decide"
-VIEW_APPROVALS = "approvals.view"  # the desk's queue and cards
 MANAGE_QUEUE = "approvals.manage_queue"  # reassign, escalate by hand
 REVIEW_STATS = "approvals.review_stats"  # the dashboard's reviewer figures
-MANAGE_MEMBERS = "members.manage"
-ISSUE_KEYS = "keys.issue"
+READ_AUDIT = "audit.read"  # the trail in the admin
+VIEW_POLICY = "retention.view_policy"
+MANAGE_POLICY = "retention.manage_policy"
+VIEW_HOLDS = "legal_holds.view"
+MANAGE_HOLDS = "legal_holds.manage"  # place and lift legal holds
+READ_DELETIONS = "deletion.read"
+REQUEST_DELETION = "deletion.request"
+VIEW_WEBHOOKS = "webhooks.view"
+MANAGE_WEBHOOKS = "webhooks.manage"
 
+_EVERY_ROLE = frozenset({VIEW_TENANT, VIEW_THREADS})
 ROLE_CAPABILITIES: dict[str, frozenset[str]] = {
-    Role.REVIEWER: frozenset({READ_STATE, DECIDE, VIEW_APPROVALS}),
-    Role.COMPLIANCE_OFFICER: frozenset(
-        {READ_STATE, DECIDE, VIEW_APPROVALS, MANAGE_QUEUE, REVIEW_STATS}
-    ),
-    Role.AUDITOR: frozenset({READ_STATE, VIEW_APPROVALS, REVIEW_STATS}),
-    Role.TENANT_ADMIN: frozenset({MANAGE_MEMBERS, ISSUE_KEYS}),
+    Role.REVIEWER: _EVERY_ROLE | {READ_STATE, VIEW_APPROVALS, DECIDE},
+    # Compliance decides what a reviewer cannot: the queue, failed runs,
+    # holds, deletion.
+    Role.COMPLIANCE_OFFICER: _EVERY_ROLE
+    | {
+        READ_STATE,
+        VIEW_APPROVALS,
+        DECIDE,
+        MANAGE_QUEUE,
+        REVIEW_STATS,
+        RECOVER_RUNS,
+        LIFT_LOCKOUTS,
+        VIEW_MEMBERS,
+        VIEW_KEYS,
+        READ_AUDIT,
+        VIEW_POLICY,
+        MANAGE_HOLDS,
+        READ_DELETIONS,
+        REQUEST_DELETION,
+        VIEW_WEBHOOKS,
+    },
+    Role.AUDITOR: _EVERY_ROLE
+    | {
+        READ_STATE,
+        VIEW_APPROVALS,
+        REVIEW_STATS,
+        VIEW_MEMBERS,
+        VIEW_KEYS,
+        READ_AUDIT,
+        VIEW_POLICY,
+        VIEW_HOLDS,
+        READ_DELETIONS,
+        VIEW_WEBHOOKS,
+    },
+    # Manages the tenant; reads no decrypted content and decides nothing.
+    Role.TENANT_ADMIN: _EVERY_ROLE
+    | {
+        MANAGE_TENANT,
+        MANAGE_MEMBERS,
+        ISSUE_KEYS,
+        READ_AUDIT,
+        MANAGE_POLICY,
+        VIEW_HOLDS,
+        READ_DELETIONS,
+        REQUEST_DELETION,
+        MANAGE_WEBHOOKS,
+    },
 }
 # What a service key may do beyond its scopes' reads and writes, by scope.
 SCOPE_CAPABILITIES: dict[str, frozenset[str]] = {
-    Scope.RUNS: frozenset({READ_STATE}),
+    Scope.RUNS: frozenset({READ_STATE, READ_DELETIONS, REQUEST_DELETION}),
     Scope.APPROVALS: frozenset({DECIDE}),
 }
 

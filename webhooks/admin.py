@@ -7,15 +7,12 @@ from django.contrib import admin
 from django.template.response import TemplateResponse
 
 from audit.services import Actor
+from runs import permissions
 from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin
 from runs.admin_threads import ReadOnlyScopedAdmin
 from runs.errors import InvalidRequest
-from runs.models import Role
 from webhooks import services
 from webhooks.models import EVENTS, WebhookDelivery, WebhookSubscription
-
-MANAGE = {Role.TENANT_ADMIN}
-VIEW = {Role.COMPLIANCE_OFFICER, Role.AUDITOR}
 
 
 class SubscriptionCreateForm(forms.ModelForm):
@@ -44,8 +41,8 @@ class WebhookSubscriptionAdmin(TenantScopedAdmin):
     list_filter = [ScopedTenantFilter]
     fields = ["tenant", "url", "events", "include_content", "created_by", "created_at"]
     readonly_fields = fields
-    view_roles = VIEW
-    manage_roles = MANAGE
+    view_capability = permissions.VIEW_WEBHOOKS
+    manage_capability = permissions.MANAGE_WEBHOOKS
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         if obj is None:
@@ -116,4 +113,6 @@ class WebhookDeliveryAdmin(ReadOnlyScopedAdmin):
     list_filter = [ScopedTenantFilter, "status", "event_type"]
     fields = list_display + ["next_attempt_at"]
     readonly_fields = fields
-    view_roles = VIEW | MANAGE
+    # Read-only (ReadOnlyScopedAdmin): the managers see it too.
+    view_capability = permissions.VIEW_WEBHOOKS
+    manage_capability = permissions.MANAGE_WEBHOOKS

@@ -14,18 +14,22 @@ from retention.api.serializers import (
 )
 from retention.models import DeletionRequest
 from retention.services import subject_deletion_request, thread_deletion_request
+from runs import permissions
 from runs.api.idempotency import IdempotentWrites
 from runs.api.permissions import TenantScopePermission, resolve_principal
 from runs.api.views import ThreadDetailView, actor_for
-from runs.models import Role, Scope, Thread
-
-# People who may ask for a deletion, and who may read the requests.
-REQUEST_ROLES = {Role.COMPLIANCE_OFFICER, Role.TENANT_ADMIN}
-READ_ROLES = REQUEST_ROLES | {Role.AUDITOR}
+from runs.models import Scope, Thread
 
 
 class ThreadDetailDeleteView(ThreadDetailView):
     """The thread detail, plus DELETE (retention owns deletion requests)."""
+
+    @property
+    def required_capability(self) -> str | None:
+        # Deleting is asking for a deletion, whoever asks and however.
+        if self.request.method == "DELETE":
+            return permissions.REQUEST_DELETION
+        return None
 
     @extend_schema(
         responses={
@@ -44,18 +48,20 @@ class ThreadDetailDeleteView(ThreadDetailView):
 
 
 class DeletionRequestPermission(TenantScopePermission):
-    """API keys with the `runs` scope; people who are compliance officers or
-    tenant admins (auditors may read)."""
+    """Asking for a deletion and reading the requests are capabilities of
+    their own (runs.permissions: deletion.request, deletion.read), not a
+    scope's writes: compliance officers ask, though their role reads runs
+    only. Service keys have them with the `runs` scope; a personal key needs
+    its person's role and that scope."""
 
     def has_permission(self, request, view) -> bool:
         principal = resolve_principal(request)
         request.principal = principal
-        write = request.method not in ("GET", "HEAD", "OPTIONS")
-        if principal.api_key is not None:
-            allowed = principal.api_key.has_scope(Scope.RUNS)
-        else:
-            allowed = principal.role in (REQUEST_ROLES if write else READ_ROLES)
-        if not allowed:
+        write = self.writes(request, view)
+        capability = (
+            permissions.REQUEST_DELETION if write else permissions.READ_DELETIONS
+        )
+        if not permissions.can(principal, capability):
             raise exceptions.PermissionDenied(
                 "Deletion requests need an API key with the 'runs' scope, or the "
                 "compliance officer or tenant admin role"

@@ -64,7 +64,12 @@ class InterruptSerializer(serializers.Serializer):
 
 
 class ThreadDetailSerializer(ThreadSerializer):
-    interrupts = InterruptSerializer(many=True)
+    interrupts = InterruptSerializer(
+        many=True,
+        required=False,
+        help_text="The open interrupts' values; absent for callers without "
+        "the threads.read_state permission (tenant admins).",
+    )
     pending_approvals = serializers.ListField(child=serializers.UUIDField())
 
     class Meta(ThreadSerializer.Meta):

@@ -143,9 +143,13 @@ class ThreadDetailView(TenantThreadMixin, APIView):
     @extend_schema(responses=ThreadDetailSerializer, summary="A thread")
     def get(self, request, thread_id):
         thread = self.get_thread()
-        thread.interrupts = services.thread_interrupts_read(
-            thread=thread, actor=actor_for(request)
-        )
+        # Interrupt values are content: without threads.read_state (a tenant
+        # admin) the thread comes without them; its status and pending
+        # approvals still say that it waits.
+        if permissions.can(request.principal, permissions.READ_STATE):
+            thread.interrupts = services.thread_interrupts_read(
+                thread=thread, actor=actor_for(request)
+            )
         thread.pending_approvals = selectors.pending_approval_ids(thread)
         return Response(ThreadDetailSerializer(thread).data)
 
