@@ -1,11 +1,12 @@
 """The reviewer's desk in the Django admin: the queue, the request page, the
 dashboard.
 
-Roles (superusers may do everything): reviewers and compliance officers
-decide; compliance officers also reassign, escalate and see reviewer
-statistics; auditors read everything and decide nothing. Every check is made
-here on the server, whatever the page shows. Deciding calls the same service
-as the REST decision; see `approvals.desk`.
+Who may do what is the capabilities of runs.permissions (superusers may do
+everything): reviewers and compliance officers decide; compliance officers
+also reassign, escalate and see reviewer statistics; auditors read everything
+and decide nothing. Every check is made here on the server, whatever the page
+shows. The cards are built by `approvals.cards`; deciding calls the same
+service as the REST decision (`approvals.services.desk_decide`).
 """
 
 from __future__ import annotations

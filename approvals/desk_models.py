@@ -2,13 +2,14 @@
 
 Imported by `approvals.models`, so that Django registers these models with the
 approvals app; they name that module's models by label, so this module does
-not import it back. The desk's logic is in `approvals.desk`.
+not import it back. The desk's cards are `approvals.cards`, its writes
+`approvals.services.desk`.
 
 A card is the request page as a reviewer saw it: a mapping of the fields shown
 (action, args, reason, context, earlier decisions, ...). It holds what the
 agent and the customer wrote, so it is stored as ciphertext of the thread's
 key, like the payload it was built from, and is shredded with the thread. Its
-`content_hash` is the SHA-256 of its canonical JSON (`approvals.desk.card_hash`),
+`content_hash` is the SHA-256 of its canonical JSON (`approvals.cards.card_hash`),
 so an auditor can check that a decrypted card is the one that was hashed.
 """
 
