@@ -3,7 +3,9 @@ and what sealing and the retention purge would do (for dry runs)."""
 
 from __future__ import annotations
 
+import calendar
 import datetime
+import re
 import zoneinfo
 from dataclasses import dataclass, field
 
@@ -40,6 +42,28 @@ def zone(name: str) -> zoneinfo.ZoneInfo:
 
 # Days whose bounds exist in every zone (UTC-12 to UTC+14) as Python instants.
 FIRST_DAY, LAST_DAY = datetime.date(1, 1, 2), datetime.date(9999, 12, 30)
+DAY_SHAPE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+
+
+def parse_day(text: str) -> datetime.date:
+    """A YYYY-MM-DD day, or ValueError saying what is wrong with it: a day
+    that does not exist (2026-02-30) is named as such, not as a bad format."""
+    shape = DAY_SHAPE.fullmatch(text.strip())
+    if shape is None:
+        raise ValueError(f"{text!r} is not a date: use YYYY-MM-DD, e.g. 2026-03-01")
+    year, month, day = (int(part) for part in shape.groups())
+    if not 1 <= month <= 12:
+        raise ValueError(f"{text} does not exist: there is no month {month}")
+    if year < 1:
+        raise ValueError(f"{text} does not exist: there is no year 0")
+    length = calendar.monthrange(year, month)[1]
+    if not 1 <= day <= length:
+        name = datetime.date(year, month, 1).strftime("%B %Y")
+        raise ValueError(f"{text} does not exist: {name} has {length} days")
+    parsed = datetime.date(year, month, day)
+    if not FIRST_DAY <= parsed <= LAST_DAY:
+        raise ValueError(f"{text}: must be a day from {FIRST_DAY} to {LAST_DAY}")
+    return parsed
 
 
 def day_bounds(

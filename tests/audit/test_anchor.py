@@ -76,7 +76,7 @@ def test_a_saved_head_holds_while_the_chain_grows(sealed_tenant, tmp_path):
     output = verify_against(heads)
     assert output == (
         f"{sealed_tenant.slug}: intact: 3 block(s), 61 event(s), 0 not sealed yet; "
-        f"sealed through #61 (hash {sealing_head(sealed_tenant)[:16]}); "
+        f"sealed through #61 (hash {sealing_head(sealed_tenant)}); "
         "holds the saved head #51\n"
     )
     assert AuditVerification.objects.for_tenant(sealed_tenant).get().against_seq == 51

@@ -225,6 +225,14 @@ def test_bad_filter_values_are_400_naming_the_field(params, field):
     assert_error(client.get(EVENTS, params), 400, "invalid", field)
 
 
+def test_a_day_that_does_not_exist_is_named_as_such():
+    _, client = tenant_with_client(scopes=["audit"])
+    body = assert_error(client.get(EVENTS, {"date": "2026-02-30"}), 400, "invalid")
+    assert body["fields"]["date"] == [
+        "2026-02-30 does not exist: February 2026 has 28 days"
+    ]
+
+
 def test_errors_stay_json_when_an_export_was_asked_for():
     _, client = tenant_with_client(scopes=["audit"])
     assert_error(

@@ -62,6 +62,11 @@ def test_a_quiet_day_says_so():
     [
         (["--tenant", "ghost", "--date", "2026-03-29"], "no tenant"),
         (["--tenant", "acme", "--date", "29/03/2026"], "YYYY-MM-DD"),
+        (
+            ["--tenant", "acme", "--date", "2026-02-30"],
+            "2026-02-30 does not exist: February 2026 has 28 days",
+        ),
+        (["--tenant", "acme", "--date", "2026-13-01"], "there is no month 13"),
         (["--tenant", "acme", "--date", "2026-03-29", "--tz", "Paris"], "IANA"),
     ],
 )

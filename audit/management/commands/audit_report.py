@@ -29,13 +29,9 @@ class Command(BaseCommand):
         if found is None:
             raise CommandError(f"There is no tenant {tenant!r}.")
         try:
-            day = datetime.date.fromisoformat(date)
-            selectors.day_bounds(day)
-        except ValueError:
-            raise CommandError(
-                f"--date must be YYYY-MM-DD from {selectors.FIRST_DAY} to "
-                f"{selectors.LAST_DAY}, not {date!r}."
-            ) from None
+            day = selectors.parse_day(date)
+        except ValueError as exc:
+            raise CommandError(f"--date: {exc}.") from None
         try:
             zone = selectors.zone(tz)
         except ValueError as exc:

@@ -88,7 +88,9 @@ class Command(BaseCommand):
                 self.stdout.write(f"{each.slug}: saved head refused: {error}")
                 continue
             if result.ok:
-                head = result.head_hash[:16] or "-"
+                # The whole hash: it is what an operator compares with a saved
+                # head (docs/audit.md, "Saved heads"); a prefix proves nothing.
+                head = result.head_hash or "-"
                 held = (
                     ""
                     if result.against_seq is None

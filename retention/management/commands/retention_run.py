@@ -1,21 +1,19 @@
 """manage.py retention_run [job ...] [--dry-run]: run retention jobs once, now.
 
 Without a job name every job runs once, in the order of retention.jobs.JOBS.
-With --dry-run nothing changes: each job lists what it would do. Long work
-reports its progress as it goes; the run can be interrupted at any time (the
-open batch is rolled back and the next run does it again).
+With --dry-run nothing changes: each job lists what it would do. Each job
+shows a progress bar on one line of stderr; the run can be interrupted at any
+time (the open batch is rolled back and the next run does it again).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
 from django.core.management.base import BaseCommand, CommandError
 
 from retention.jobs import JOBS, describe_counts, job_run
-
-PROGRESS_EVERY_SECONDS = 2.0
+from runs.management.commands._helpers import progress_bar
 
 
 class Command(BaseCommand):
@@ -40,7 +38,7 @@ class Command(BaseCommand):
             help="items listed per job in a dry run (0: all)",
         )
 
-    def handle(self, *args, jobs, dry_run, batch_size, limit, **options):
+    def handle(self, *args, jobs, dry_run, batch_size, limit, verbosity, **options):
         unknown = [name for name in jobs if name not in JOBS]
         if unknown:
             raise CommandError(
@@ -54,28 +52,28 @@ class Command(BaseCommand):
         logger.setLevel(logging.WARNING)
         try:
             for name in jobs or list(JOBS):
-                self._run(name, dry_run=dry_run, batch_size=batch_size, limit=limit)
+                self._run(
+                    name,
+                    dry_run=dry_run,
+                    batch_size=batch_size,
+                    limit=limit,
+                    verbosity=verbosity,
+                )
         finally:
             logger.setLevel(level)
 
-    def _run(self, name: str, *, dry_run: bool, batch_size, limit: int) -> None:
+    def _run(
+        self, name: str, *, dry_run: bool, batch_size, limit: int, verbosity: int
+    ) -> None:
         job = JOBS[name]
         label = f"{name}{' (dry run)' if dry_run else ''}"
         self.stdout.write(f"{label}: {job.summary}")
-        done = 0
-        last = time.monotonic()
-
-        def progress(count: int) -> None:
-            nonlocal done, last
-            done += count
-            if time.monotonic() - last >= PROGRESS_EVERY_SECONDS:
-                last = time.monotonic()
-                self.stdout.write(f"  {name}: {done} {job.unit} so far…")
-                self.stdout.flush()
-
-        report = job_run(
-            name, dry_run=dry_run, batch_size=batch_size, progress=progress
-        )
+        with progress_bar(
+            self, verbosity=verbosity, unit=job.unit, desc=f"  {name}"
+        ) as bar:
+            report = job_run(
+                name, dry_run=dry_run, batch_size=batch_size, progress=bar.update
+            )
         if dry_run:
             shown = report.plan if limit == 0 else report.plan[:limit]
             for line in shown:

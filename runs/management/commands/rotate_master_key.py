@@ -6,13 +6,15 @@ wrapped data keys change. Safe to interrupt, to rerun and to run while runs
 are writing.
 """
 
+import argparse
+
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, transaction
-from tqdm import tqdm
 
 from audit import events
 from audit.services import Actor, record
 from runs import crypto, storage
+from runs.management.commands._helpers import progress_bar
 from runs.models import Tenant, Thread
 
 
@@ -21,6 +23,34 @@ class Command(BaseCommand):
         "Rewrap every thread's data key under the active (first) master key of "
         "GATEHOUSE_MASTER_KEYS, in batches; re-encrypts no checkpoint."
     )
+    # Shown after the options by --help: the whole procedure, of which this
+    # command is the second step (docs/checkpoints.md, "Master key rotation").
+    procedure = """\
+procedure:
+  1. Generate a key and put it FIRST in GATEHOUSE_MASTER_KEYS, keeping the old
+     ones (k2:<base64 of 32 random bytes>,k1:...):
+       python -c "import base64,os;print('k2:'+base64.b64encode(os.urandom(32)).decode())"
+     Restart the web, worker and beat processes: new threads get keys wrapped
+     by k2.
+  2. Run this command. It rewraps, batch by batch, every data key not yet
+     under the first key; runs keep writing meanwhile. Safe to interrupt and
+     to run again; threads being deleted at that moment are counted as busy.
+  3. When it reports nothing busy and no key missing, and says the old keys
+     may leave, remove them from GATEHOUSE_MASTER_KEYS, restart, and destroy
+     every copy of them (backups taken before deletions stay readable with
+     the old key until it is destroyed).
+See docs/checkpoints.md, "Master key rotation".
+"""
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        parser = super().create_parser(
+            prog_name,
+            subcommand,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            **kwargs,
+        )
+        parser.epilog = self.procedure
+        return parser
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -45,11 +75,12 @@ class Command(BaseCommand):
             .exclude(data_key_id=ring.active_id)
             .count()
         )
-        with tqdm(
+        with progress_bar(
+            self,
+            verbosity=verbosity,
             total=pending,
             unit="thread",
             desc=f"rewrapping under {ring.active_id}",
-            disable=verbosity == 0,
         ) as bar:
             summary = storage.data_keys_rotate(
                 batch_size=batch_size, using=database, on_progress=bar.update

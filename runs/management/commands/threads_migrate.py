@@ -15,11 +15,10 @@ any thread could not be migrated.
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.module_loading import import_string
-from tqdm import tqdm
 
 from audit.services import Actor
 from runs import registry
-from runs.management.commands._helpers import tenant_by_slug
+from runs.management.commands._helpers import progress_bar, tenant_by_slug
 from runs.services.migration import (
     ThreadMigration,
     migration_candidates,
@@ -85,12 +84,12 @@ class Command(BaseCommand):
         verb = "would migrate" if dry_run else "migrated"
         actor = Actor.system("threads_migrate")
         done, stuck = 0, 0
-        with tqdm(
+        with progress_bar(
+            self,
+            verbosity=options["verbosity"],
             total=threads.count(),
             unit="thread",
             desc=f"{agent}@{source} -> {agent}@{target}",
-            disable=options["verbosity"] == 0,
-            file=self.stderr,
         ) as bar:
             for thread in self._batches(threads, options["batch_size"]):
                 migration = thread_migrate(
@@ -110,7 +109,7 @@ class Command(BaseCommand):
                 else:
                     done += 1
                     line = f"{migration.label}: {verb}: {describe(migration)}"
-                with bar.external_write_mode(file=self.stderr):
+                with bar.external_write_mode():
                     self.stdout.write(line)
                 bar.update()
         self.stdout.write(
