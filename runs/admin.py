@@ -5,10 +5,11 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
 from audit.services import Actor
-from runs import permissions, services
+from runs import crypto, permissions, services
 from runs.admin_scoping import (
     ScopedTenantFilter,
     TenantScopedAdmin,
@@ -122,7 +123,31 @@ SCOPES_HELP = (
 )
 
 
-class ApiKeyCreateForm(forms.ModelForm):
+def _checked_name(tenant, name: str, excluding: int | None = None) -> str:
+    """The key name by the service's rule (not empty, unique in the tenant),
+    as a form error."""
+    try:
+        return services.api_key_name_check(
+            tenant=tenant, name=name, excluding=excluding
+        )
+    except ValueError as exc:
+        raise forms.ValidationError(str(exc)) from None
+
+
+class NewKeyNameRule:
+    """For the forms that make a key: its name checked in the chosen tenant."""
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("tenant") is not None and "name" in cleaned:
+            try:
+                cleaned["name"] = _checked_name(cleaned["tenant"], cleaned["name"])
+            except forms.ValidationError as error:
+                self.add_error("name", error)
+        return cleaned
+
+
+class ApiKeyCreateForm(NewKeyNameRule, forms.ModelForm):
     """A service key (a program's). Personal keys are made by their owners
     (My personal API keys), so that nobody else ever holds their secret."""
 
@@ -135,9 +160,23 @@ class ApiKeyCreateForm(forms.ModelForm):
     class Meta:
         model = ApiKey
         fields = ["tenant", "name", "scopes"]
+        help_texts = {"name": "What uses the key, e.g. billing. Unique in the tenant."}
 
 
-class PersonalKeyForm(forms.Form):
+class ApiKeyChangeForm(forms.ModelForm):
+    """Renaming a key: the only change a key takes."""
+
+    class Meta:
+        model = ApiKey
+        fields = ["name"]
+
+    def clean_name(self):
+        return _checked_name(
+            self.instance.tenant, self.cleaned_data["name"], excluding=self.instance.pk
+        )
+
+
+class PersonalKeyForm(NewKeyNameRule, forms.Form):
     """A personal key of one of the user's memberships."""
 
     tenant = forms.ModelChoiceField(queryset=None)
@@ -150,9 +189,10 @@ class PersonalKeyForm(forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["tenant"].queryset = Tenant.objects.filter(
-            memberships__user=user
-        ).order_by("slug")
+        tenants = Tenant.objects.filter(memberships__user=user).order_by("slug")
+        self.fields["tenant"].queryset = tenants
+        if len(tenants) == 1:  # the user's only tenant, chosen already
+            self.fields["tenant"].initial = tenants[0].pk
 
 
 def _within_scopes(form_class, allowed: frozenset[str]):
@@ -177,7 +217,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "kind",
         "user",
         "tenant",
-        "scopes",
+        "scope_labels",
         "created_at",
         "last_used_at",
         "revoked_at",
@@ -194,7 +234,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "prefix",
         "kind",
         "user",
-        "scopes",
+        "scope_labels",
         "created_at",
         "last_used_at",
         "revoked_at",
@@ -205,7 +245,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "prefix",
         "kind",
         "user",
-        "scopes",
+        "scope_labels",
         "created_at",
         "last_used_at",
         "revoked_at",
@@ -214,10 +254,16 @@ class ApiKeyAdmin(TenantScopedAdmin):
     view_capability = permissions.VIEW_KEYS
     manage_capability = permissions.ISSUE_KEYS
 
+    @admin.display(description="scopes")
+    def scope_labels(self, obj):
+        return obj.scope_labels
+
     def get_form(self, request, obj=None, change=False, **kwargs):
         if obj is None:
             kwargs["form"] = ApiKeyCreateForm
             kwargs["fields"] = ["tenant", "name", "scopes"]
+        else:
+            kwargs["form"] = ApiKeyChangeForm
         form = super().get_form(request, obj, change=change, **kwargs)
         if obj is None and not request.user.is_superuser:
             return _within_scopes(form, permissions.role_scopes(Role.TENANT_ADMIN))
@@ -246,17 +292,43 @@ class ApiKeyAdmin(TenantScopedAdmin):
         )
         obj.pk = issued.api_key.pk
         obj.prefix = issued.api_key.prefix
-        # Only this response shows the secret: it is never stored, not even in
-        # the session or a flash message.
-        request._gatehouse_new_secret = issued.secret
+        request._gatehouse_issued = issued
 
     def response_add(self, request, obj, post_url_continue=None):
-        secret = getattr(request, "_gatehouse_new_secret", None)
-        if secret is None:
+        issued = getattr(request, "_gatehouse_issued", None)
+        if issued is None:
             return super().response_add(request, obj, post_url_continue)
-        return self._secret_page(request, obj, secret)
+        return self._hand_over(request, issued)
 
-    def _secret_page(self, request, api_key, secret):
+    # --- The secret, shown once ----------------------------------------------------
+    # Creating a key redirects to its "created" page (so a reload or Back
+    # re-posts nothing and makes no second key). The secret crosses the
+    # redirect sealed under a one-time key (runs.crypto.handoff_seal): the
+    # sealed text waits in the creator's session, the key rides in the URL,
+    # and the page takes the sealed text out of the session as it shows it.
+    # The database never holds the secret in the clear, not even for a moment,
+    # and a second visit finds nothing to show.
+
+    HANDOFF_SESSION_KEY = "gatehouse_new_api_key"
+
+    def _hand_over(self, request, issued: services.IssuedApiKey):
+        key, sealed = crypto.handoff_seal(issued.secret)
+        request.session[self.HANDOFF_SESSION_KEY] = {
+            "pk": issued.api_key.pk,
+            "sealed": sealed,
+        }
+        url = reverse("admin:runs_apikey_created", args=[issued.api_key.pk])
+        return HttpResponseRedirect(f"{url}?{urlencode({'k': key})}")
+
+    def created_view(self, request, key_id):
+        api_key = ApiKey.objects.select_related("tenant").filter(pk=key_id).first()
+        if api_key is None or not self._may_see_created(request, api_key):
+            raise Http404("no such key")
+        secret = None
+        waiting = request.session.get(self.HANDOFF_SESSION_KEY)
+        if waiting and waiting.get("pk") == api_key.pk:
+            del request.session[self.HANDOFF_SESSION_KEY]
+            secret = crypto.handoff_open(request.GET.get("k", ""), waiting["sealed"])
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -268,11 +340,21 @@ class ApiKeyAdmin(TenantScopedAdmin):
         response["Cache-Control"] = "no-store"
         return response
 
+    def _may_see_created(self, request, api_key: ApiKey) -> bool:
+        if api_key.is_personal:
+            return api_key.user_id == request.user.pk
+        return self.has_view_permission(request, api_key)
+
     # --- My personal API keys: every member makes and revokes their own ------------
 
     def get_urls(self):
         wrap = self.admin_site.admin_view
         return [
+            path(
+                "<int:key_id>/created/",
+                wrap(self.created_view),
+                name="runs_apikey_created",
+            ),
             path(
                 "personal/",
                 wrap(self.personal_keys_view),
@@ -301,7 +383,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
             except ValueError as exc:
                 form.add_error("scopes", str(exc))
             else:
-                return self._secret_page(request, issued.api_key, issued.secret)
+                return self._hand_over(request, issued)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,

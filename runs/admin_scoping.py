@@ -89,6 +89,22 @@ class TenantScopedAdmin(admin.ModelAdmin):
         ids = self.seen_in(request.user)
         return queryset.filter(**{f"{self.tenant_path}__in": ids})
 
+    def get_changeform_initial_data(self, request):
+        """An add form starts on the user's only tenant, when they have one
+        they may add rows to (a superuser: when there is one tenant)."""
+        initial = super().get_changeform_initial_data(request)
+        if "tenant" not in initial:
+            tenants = self.manageable_tenants(request)
+            if len(tenants) == 1:
+                initial["tenant"] = tenants[0]
+        return initial
+
+    def manageable_tenants(self, request) -> list[int]:
+        """The ids of the tenants in which the user may add these rows."""
+        if request.user.is_superuser:
+            return list(Tenant.objects.values_list("pk", flat=True)[:2])
+        return sorted(set(tenant_ids_for(request.user, self.manage_roles)))
+
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         related = db_field.related_model
         if not request.user.is_superuser:

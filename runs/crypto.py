@@ -443,3 +443,33 @@ def decode_value(plaintext: bytes, serializer: StrictSerializer | None = None) -
         body = zstandard.ZstdDecompressor().decompress(memoryview(plaintext)[1:])
         plaintext = bytes((plaintext[0] & ~_CODEC_BITS,)) + body
     return (serializer or default_serializer()).loads(plaintext)
+
+
+# --- Handing a secret over once ---------------------------------------------------
+
+HANDOFF_AAD = b"gatehouse-handoff-1"
+
+
+def handoff_seal(secret: str) -> tuple[str, str]:
+    """Encrypt `secret` under a fresh one-time key, to carry it across a
+    redirect: returns (key, sealed), both URL-safe text. Keep them apart (the
+    key in the next URL, the sealed text server side): neither alone reveals
+    the secret, and once the sealed text is dropped the key opens nothing."""
+    key = AESGCM.generate_key(bit_length=256)
+    sealed = _seal(AESGCM(key), secret.encode(), HANDOFF_AAD)
+    return _b64(key), _b64(sealed)
+
+
+def handoff_open(key: str, sealed: str) -> str | None:
+    """The secret `handoff_seal` sealed, or None when the two do not belong
+    together (a wrong, altered or truncated key or text)."""
+    try:
+        aead = AESGCM(base64.urlsafe_b64decode(key.encode()))
+        blob = base64.urlsafe_b64decode(sealed.encode())
+        return _open(aead, blob, HANDOFF_AAD, "handoff").decode()
+    except (ValueError, binascii.Error, CryptoError, UnicodeDecodeError):
+        return None
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode()

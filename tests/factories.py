@@ -23,13 +23,17 @@ def make_tenant(slug: str | None = None) -> Tenant:
     )
 
 
+_key_numbers = itertools.count(1)
+
+
 def make_api_key(
-    tenant: Tenant, scopes: list[str] | None = None, name: str = "test key", user=None
+    tenant: Tenant, scopes: list[str] | None = None, name: str = "", user=None
 ):
-    """Returns (ApiKey, secret); with `user`, a personal key of theirs."""
+    """Returns (ApiKey, secret); with `user`, a personal key of theirs. Without
+    a name, one of its own (names are unique in a tenant)."""
     issued = services.api_key_create(
         tenant=tenant,
-        name=name,
+        name=name or f"test key {next(_key_numbers)}",
         scopes=scopes or ALL_SCOPES,
         actor=Actor.system("tests"),
         user=user,

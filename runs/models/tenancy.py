@@ -76,6 +76,7 @@ class Membership(models.Model):
 
 
 API_KEY_PREFIX_LENGTH = 12
+API_KEY_NAME_MAX_LENGTH = 200
 
 
 class ApiKey(models.Model):
@@ -107,7 +108,8 @@ class ApiKey(models.Model):
         on_delete=models.SET_NULL,
         related_name="personal_api_keys",
     )
-    name = models.CharField(max_length=200)
+    # Unique per tenant and never empty (runs.services.api_key_name_check).
+    name = models.CharField(max_length=API_KEY_NAME_MAX_LENGTH)
     prefix = models.CharField(
         max_length=API_KEY_PREFIX_LENGTH,
         unique=True,
@@ -127,7 +129,15 @@ class ApiKey(models.Model):
             models.CheckConstraint(
                 condition=Q(kind="personal") | Q(user__isnull=True),
                 name="api_key_service_has_no_user",
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "name"],
+                name="api_key_name_unique_per_tenant",
+                violation_error_message="This tenant already has a key of that name.",
+            ),
+            models.CheckConstraint(
+                condition=~Q(name=""), name="api_key_name_not_empty"
+            ),
         ]
         ordering = ["tenant", "name"]
         verbose_name = "API key"
@@ -138,6 +148,12 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+    @property
+    def scope_labels(self) -> str:
+        """The scopes in words, e.g. "Runs, Time travel"."""
+        labels = dict(Scope.choices)
+        return ", ".join(str(labels.get(scope, scope)) for scope in self.scopes)
 
     @property
     def is_personal(self) -> bool:

@@ -15,6 +15,8 @@ from runs.services.runs import (
 from runs.services.tenancy import (
     IssuedApiKey,
     api_key_create,
+    api_key_free_name,
+    api_key_name_check,
     api_key_rename,
     api_key_revoke,
     login_lockout_lift,
@@ -42,6 +44,8 @@ __all__ = [
     "IssuedApiKey",
     "RunOptions",
     "api_key_create",
+    "api_key_free_name",
+    "api_key_name_check",
     "api_key_rename",
     "api_key_revoke",
     "login_lockout_lift",

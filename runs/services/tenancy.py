@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from axes.utils import reset as axes_reset
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import events
 from audit.services import Actor, record
 from runs.models import ApiKey, Membership, Role, Scope, Tenant
-from runs.models.tenancy import API_KEY_PREFIX_LENGTH
+from runs.models.tenancy import API_KEY_NAME_MAX_LENGTH, API_KEY_PREFIX_LENGTH
 from runs.permissions import ROLE_SCOPES
 
 _ALPHABET = string.ascii_letters + string.digits
@@ -90,12 +90,48 @@ def tenant_update(*, tenant: Tenant, slug: str, name: str, actor: Actor) -> Tena
     return tenant
 
 
+def api_key_name_check(
+    *, tenant: Tenant, name: str, excluding: int | None = None
+) -> str:
+    """The key name, trimmed: not empty, and no other key of the tenant has it
+    (ValueError otherwise). Names are how people tell keys apart in the admin
+    and in the audit trail, so two keys of a tenant never share one."""
+    name = (name or "").strip()
+    if not name:
+        raise ValueError("a key needs a name (what uses it, e.g. billing)")
+    if len(name) > API_KEY_NAME_MAX_LENGTH:
+        raise ValueError(
+            f"a key's name has at most {API_KEY_NAME_MAX_LENGTH} characters"
+        )
+    taken = ApiKey.objects.filter(tenant=tenant, name=name).exclude(pk=excluding)
+    if taken.exists():
+        raise ValueError(
+            f"{tenant.slug} already has a key named {name!r}: choose another name"
+        )
+    return name
+
+
+def api_key_free_name(tenant: Tenant, base: str) -> str:
+    """`base`, or "base 2", "base 3"... whichever no key of the tenant has."""
+    taken = set(
+        ApiKey.objects.filter(tenant=tenant, name__startswith=base).values_list(
+            "name", flat=True
+        )
+    )
+    number = 1
+    while (candidate := base if number == 1 else f"{base} {number}") in taken:
+        number += 1
+    return candidate
+
+
 @transaction.atomic
 def api_key_create(
     *, tenant: Tenant, name: str, scopes: list[str], actor: Actor, user=None
 ) -> IssuedApiKey:
     """A service key, or with `user` a personal key of their membership (its
-    scopes within what their role grants; ValueError otherwise)."""
+    scopes within what their role grants). ValueError for a bad name or
+    scopes."""
+    name = api_key_name_check(tenant=tenant, name=name)
     scopes = parse_scopes(scopes)
     if user is not None:
         scopes = _personal_scopes(tenant, user, scopes)
@@ -104,15 +140,21 @@ def api_key_create(
         secrets.choice(_ALPHABET) for _ in range(API_KEY_PREFIX_LENGTH - 3)
     )
     secret = f"{prefix}.{secrets.token_urlsafe(32)}"
-    api_key = ApiKey.objects.create(
-        tenant=tenant,
-        kind=kind,
-        user=user,
-        name=name,
-        prefix=prefix,
-        secret_hash=ApiKey.hash_secret(secret),
-        scopes=scopes,
-    )
+    try:
+        with transaction.atomic():  # a savepoint: a lost race is a clear error
+            api_key = ApiKey.objects.create(
+                tenant=tenant,
+                kind=kind,
+                user=user,
+                name=name,
+                prefix=prefix,
+                secret_hash=ApiKey.hash_secret(secret),
+                scopes=scopes,
+            )
+    except IntegrityError:
+        raise ValueError(
+            f"{tenant.slug} already has a key named {name!r}: choose another name"
+        ) from None
     record(
         tenant=tenant,
         kind=events.API_KEY_CREATED,
@@ -132,7 +174,10 @@ def api_key_create(
 def api_key_rename(*, api_key: ApiKey, name: str, actor: Actor) -> ApiKey:
     api_key = ApiKey.objects.select_for_update().get(pk=api_key.pk)
     previous = api_key.name
-    if name != previous:
+    if name.strip() != previous:
+        name = api_key_name_check(
+            tenant=api_key.tenant, name=name, excluding=api_key.pk
+        )
         api_key.name = name
         api_key.save(update_fields=["name"])
         record(

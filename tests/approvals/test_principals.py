@@ -169,11 +169,13 @@ def test_a_member_makes_and_revokes_their_own_personal_key_in_the_admin(tenant):
         "/admin/runs/apikey/personal/",
         {"tenant": tenant.pk, "name": "my laptop", "scopes": ["approvals"]},
     )
-    assert response.status_code == 200
-    assert "no-store" in response["Cache-Control"]
+    assert response.status_code == 302
+    shown = client.get(response["Location"])
+    assert "no-store" in shown["Cache-Control"]
     key = ApiKey.objects.get(user=alice)
     assert key.kind == "personal" and key.scopes == ["approvals"]
-    secret = response.context["secret"]
+    secret = shown.context["secret"]
+    assert secret and client.get(response["Location"]).context["secret"] is None
     assert api_client(secret).get("/api/v1/approvals").status_code == 200
 
     refused = client.post(

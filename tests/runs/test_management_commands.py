@@ -81,3 +81,28 @@ def test_create_reviewer_generates_a_password_without_a_terminal():
     )
     assert user is not None and user.is_staff
     assert Membership.objects.get(user=user).role == "reviewer"
+
+
+def test_create_api_key_names_are_unique_and_not_empty():
+    run("create_tenant", "acme")
+    run("create_api_key", "--tenant", "acme", "--scopes", "runs", "--name", "billing")
+    with pytest.raises(CommandError, match="already has a key named 'billing'"):
+        run(
+            "create_api_key",
+            "--tenant",
+            "acme",
+            "--scopes",
+            "runs",
+            "--name",
+            "billing",
+        )
+    with pytest.raises(CommandError, match="needs a name"):
+        run("create_api_key", "--tenant", "acme", "--scopes", "runs", "--name", " ")
+    # Without --name, each key gets a free default name.
+    run("create_api_key", "--tenant", "acme", "--scopes", "runs")
+    run("create_api_key", "--tenant", "acme", "--scopes", "runs")
+    assert sorted(ApiKey.objects.values_list("name", flat=True)) == [
+        "billing",
+        "cli key",
+        "cli key 2",
+    ]

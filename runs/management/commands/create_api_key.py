@@ -20,7 +20,12 @@ class Command(BaseCommand):
             help="comma-separated: runs,approvals,audit,time_travel "
             "(time_travel: forks and runs from a checkpoint)",
         )
-        parser.add_argument("--name", default="cli key")
+        parser.add_argument(
+            "--name",
+            default=None,
+            help='what uses the key, unique in the tenant (default: "cli key", '
+            'or "<user>\'s key", numbered when taken)',
+        )
         parser.add_argument(
             "--user",
             default="",
@@ -28,13 +33,19 @@ class Command(BaseCommand):
             "(a personal key); without it, a service key",
         )
 
-    def handle(self, *args, tenant: str, scopes: str, name: str, user: str, **options):
+    def handle(
+        self, *args, tenant: str, scopes: str, name: str | None, user: str, **options
+    ):
         tenant_obj = tenant_by_slug(tenant)
         owner = None
         if user:
             owner = get_user_model().objects.filter(username=user).first()
             if owner is None:
                 raise CommandError(f"no user {user!r}")
+        if name is None:
+            name = services.api_key_free_name(
+                tenant_obj, f"{user}'s key" if user else "cli key"
+            )
         try:
             scope_list = services.parse_scopes(scopes)
             issued = services.api_key_create(
@@ -48,7 +59,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         kind = f"personal API key of {user}" if owner else "service API key"
         self.stderr.write(
-            f"{kind} {issued.api_key.prefix} for {tenant_obj.slug} with scopes "
-            f"{','.join(issued.api_key.scopes)}. Store the secret now: it is not kept."
+            f"{kind} {issued.api_key.name!r} ({issued.api_key.prefix}) for "
+            f"{tenant_obj.slug} with scopes {issued.api_key.scope_labels}. Store the "
+            "secret now: it is not kept."
         )
         self.stdout.write(issued.secret)

@@ -82,7 +82,7 @@ class Command(BaseCommand):
         if key is None or not key.matches(secret):
             secret = services.api_key_create(
                 tenant=tenant,
-                name="demo key",
+                name=services.api_key_free_name(tenant, "demo key"),
                 scopes=list(Scope.values),
                 actor=actor,
             ).secret
