@@ -9,15 +9,38 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
 
 from audit.services import Actor
-from retention import services
+from retention import selectors, services
 from retention.models import DeletionRequest, LegalHold, RetentionPolicy, ThreadRemoval
 from runs import permissions
 from runs.admin_scoping import TenantScopedAdmin
 from runs.errors import StateConflict
-from runs.models import Thread
+from runs.models import Tenant, Thread
+
+
+def policy_in_words(policy: RetentionPolicy) -> list[tuple[str, str]]:
+    """(field name, value as a person reads it) for each rule of a policy."""
+    chain = "; ".join(
+        f"{step['name']}: {step['after_hours']} h later, notify "
+        + ", ".join(step["notify"])
+        for step in policy.escalation_chain
+    )
+    return [
+        ("checkpoint_ttl_days", f"{policy.checkpoint_ttl_days} days"),
+        ("keep_latest_checkpoints", str(policy.keep_latest_checkpoints)),
+        ("audit_retention_days", f"{policy.audit_retention_days} days"),
+        ("approval_due_hours_low", f"{policy.approval_due_hours_low} h"),
+        ("approval_due_hours_medium", f"{policy.approval_due_hours_medium} h"),
+        ("approval_due_hours_high", f"{policy.approval_due_hours_high} h"),
+        ("escalation_chain", chain),
+        ("expire_after_hours", f"{policy.expire_after_hours} h"),
+        ("final_action", policy.get_final_action_display()),
+    ]
 
 
 @admin.register(RetentionPolicy)
@@ -67,6 +90,25 @@ class RetentionPolicyAdmin(TenantScopedAdmin):
     def save_model(self, request, obj, form, change):
         services.retention_policy_save(policy=obj, actor=Actor.user(request.user))
 
+    def changelist_view(self, request, extra_context=None):
+        """Beside the policies, the defaults in force for the tenants that
+        have none of their own (RetentionPolicy.for_tenant)."""
+        visible = Tenant.objects.order_by("slug")
+        if not request.user.is_superuser:
+            visible = visible.filter(pk__in=self.seen_in(request.user))
+        without = list(visible.filter(retention_policy__isnull=True))
+        defaults = RetentionPolicy()
+        extra_context = {
+            **(extra_context or {}),
+            "tenants_on_defaults": without,
+            "defaults_in_force": [
+                (RetentionPolicy._meta.get_field(name).verbose_name, value)
+                for name, value in policy_in_words(defaults)
+            ],
+            "may_add_policy": self.has_add_permission(request),
+        }
+        return super().changelist_view(request, extra_context)
+
 
 class LegalHoldForm(forms.ModelForm):
     thread_ref = forms.CharField(
@@ -100,7 +142,7 @@ class LegalHoldAdmin(TenantScopedAdmin):
     list_display = [
         "__str__",
         "tenant",
-        "thread",
+        "covers",
         "placed_by",
         "placed_at",
         "lifted_at",
@@ -109,7 +151,7 @@ class LegalHoldAdmin(TenantScopedAdmin):
     list_filter = [("lifted_at", admin.EmptyFieldListFilter)]
     readonly_fields = [
         "tenant",
-        "thread",
+        "covers",
         "reason",
         "placed_by",
         "placed_at",
@@ -120,6 +162,10 @@ class LegalHoldAdmin(TenantScopedAdmin):
     actions = ["lift"]
     view_capability = permissions.VIEW_HOLDS
     manage_capability = permissions.MANAGE_HOLDS
+
+    @admin.display(description="covers")
+    def covers(self, hold):
+        return hold.covers
 
     def get_fields(self, request, obj=None):
         return self.readonly_fields if obj else ["tenant", "thread_ref", "reason"]
@@ -180,27 +226,61 @@ class ThreadRemovalInline(admin.TabularInline):
         return False
 
 
-class SubjectDeletionForm(forms.ModelForm):
+class DeletionRequestForm(forms.Form):
+    """A deletion request: a data subject's threads, or one thread."""
+
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.none())
     subject = forms.CharField(
+        required=False,
         max_length=500,
         help_text="The data subject's identifier, as the agent tags threads with "
         "it (an e-mail address, a customer number). It is not stored: threads "
         "are found by its keyed hash.",
     )
+    thread_ref = forms.CharField(
+        label="or thread id",
+        required=False,
+        max_length=255,
+        help_text="The client's id of one thread to delete.",
+    )
 
-    class Meta:
-        model = DeletionRequest
-        fields = ["tenant", "subject"]
+    def __init__(self, *args, tenants, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = tenants
+
+    def clean(self):
+        cleaned = super().clean()
+        subject = (cleaned.get("subject") or "").strip()
+        ref = (cleaned.get("thread_ref") or "").strip()
+        if bool(subject) == bool(ref):
+            raise ValidationError("Give a data subject or a thread id (one of them).")
+        cleaned["subject"], cleaned["thread_ref"], cleaned["thread"] = (
+            subject,
+            ref,
+            None,
+        )
+        tenant = cleaned.get("tenant")
+        if ref and tenant is not None:
+            cleaned["thread"] = (
+                Thread.objects.for_tenant(tenant).filter(thread_id=ref).first()
+            )
+            if cleaned["thread"] is None:
+                self.add_error("thread_ref", f"{tenant} has no live thread {ref!r}")
+        return cleaned
 
 
 @admin.register(DeletionRequest)
 class DeletionRequestAdmin(TenantScopedAdmin):
+    """Adding a request shows what it would delete first (the threads, the
+    approval requests it would close); only the confirmation makes it."""
+
     list_display = [
         "id",
         "tenant",
         "kind",
         "thread_ref",
         "status",
+        "outcome",
         "requested_by",
         "created_at",
         "completed_at",
@@ -211,6 +291,7 @@ class DeletionRequestAdmin(TenantScopedAdmin):
         "kind",
         "thread_ref",
         "status",
+        "outcome",
         "requested_by",
         "created_at",
         "updated_at",
@@ -220,18 +301,14 @@ class DeletionRequestAdmin(TenantScopedAdmin):
     inlines = [ThreadRemovalInline]
     view_capability = permissions.READ_DELETIONS
     manage_capability = permissions.REQUEST_DELETION
+    CONFIRMED = "_confirmed"
 
-    def get_form(self, request, obj=None, change=False, **kwargs):
-        if obj is None:
-            kwargs["form"] = SubjectDeletionForm
-            kwargs["fields"] = ["tenant", "subject"]
-        return super().get_form(request, obj, change=change, **kwargs)
+    @admin.display(description="outcome")
+    def outcome(self, request_row):
+        return request_row.outcome
 
     def get_fields(self, request, obj=None):
-        return self.readonly_fields if obj else ["tenant", "subject"]
-
-    def get_readonly_fields(self, request, obj=None):
-        return self.readonly_fields if obj else []
+        return self.readonly_fields
 
     def get_inlines(self, request, obj):
         return self.inlines if obj else []
@@ -242,10 +319,77 @@ class DeletionRequestAdmin(TenantScopedAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    def save_model(self, request, obj, form, change):
-        created = services.subject_deletion_request(
-            tenant=form.cleaned_data["tenant"],
-            subject=form.cleaned_data["subject"],
-            actor=Actor.user(request.user),
+    def add_view(self, request, form_url="", extra_context=None):
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        tenants = Tenant.objects.filter(pk__in=self.manageable_tenants(request))
+        initial = self.get_changeform_initial_data(request)
+        form = DeletionRequestForm(
+            request.POST or None, tenants=tenants, initial=initial
         )
-        obj.pk = created.pk
+        if request.method == "POST" and form.is_valid():
+            if self.CONFIRMED in request.POST:
+                created = self._make(request, form.cleaned_data)
+                if created is not None:
+                    return HttpResponseRedirect(
+                        reverse(
+                            "admin:retention_deletionrequest_change",
+                            args=[created.pk],
+                        )
+                    )
+            else:
+                return self._confirmation(request, form)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Request a deletion",
+            "form": form,
+        }
+        return TemplateResponse(
+            request, "admin/retention/deletionrequest/request.html", context
+        )
+
+    def _confirmation(self, request, form):
+        data = form.cleaned_data
+        preview = selectors.deletion_preview(
+            tenant=data["tenant"], subject=data["subject"], thread_id=data["thread_ref"]
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Confirm the deletion",
+            "form": form,
+            "tenant": data["tenant"],
+            "what": (
+                f"thread {data['thread_ref']}"
+                if data["thread_ref"]
+                else "the data subject's threads"
+            ),
+            "preview": preview,
+            "confirmed_field": self.CONFIRMED,
+        }
+        response = TemplateResponse(
+            request, "admin/retention/deletionrequest/confirm.html", context
+        )
+        # The page repeats the subject the officer typed: keep it out of caches.
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def _make(self, request, data) -> DeletionRequest | None:
+        actor = Actor.user(request.user)
+        try:
+            if data["thread"] is not None:
+                made = services.thread_deletion_request(
+                    thread=data["thread"], actor=actor
+                )
+            else:
+                made = services.subject_deletion_request(
+                    tenant=data["tenant"], subject=data["subject"], actor=actor
+                )
+        except StateConflict as exc:  # deleted meanwhile by someone else
+            self.message_user(request, str(exc), messages.ERROR)
+            return None
+        self.message_user(
+            request, f"Deletion requested: {made.outcome}", messages.SUCCESS
+        )
+        return made

@@ -256,9 +256,15 @@ class LegalHold(models.Model):
         ordering = ["-placed_at"]
 
     def __str__(self) -> str:
-        target = f"thread {self.thread.thread_id}" if self.thread_id else "tenant"
         state = "lifted" if self.lifted_at else "active"
-        return f"hold on {target} of {self.tenant} ({state})"
+        return f"hold #{self.pk} on {self.covers} ({state})"
+
+    @property
+    def covers(self) -> str:
+        """What the hold keeps, in words: one thread, or all of a tenant's."""
+        if self.thread_id:
+            return f"thread {self.thread.thread_id} only"
+        return f"every thread of {self.tenant.slug}"
 
     @property
     def is_active(self) -> bool:
@@ -325,6 +331,25 @@ class DeletionRequest(models.Model):
     @property
     def is_open(self) -> bool:
         return self.status in self.OPEN
+
+    @property
+    def outcome(self) -> str:
+        """The record in a sentence, for the person reading the request."""
+        record = self.record or {}
+        held = record.get("threads_on_hold", 0)
+        if record.get("threads_found") == 0:
+            return "No thread matched: nothing was deleted."
+        if self.status == self.Status.COMPLETED:
+            removed = record.get("threads_removed", 0)
+            rows = ", ".join(
+                f"{count} {kind.replace('_', ' ')}"
+                for kind, count in sorted(record.get("removed", {}).items())
+                if count
+            )
+            return f"{removed} thread(s) removed" + (f" ({rows})." if rows else ".")
+        if self.status == self.Status.ON_HOLD:
+            return f"Waiting: {held} thread(s) under a legal hold."
+        return "Keys destroyed; the rows are being removed."
 
 
 class ThreadRemoval(models.Model):

@@ -40,6 +40,7 @@ from approvals.services import approval_close
 from audit import events
 from audit.services import Actor, record, thread_tombstone_record
 from retention.models import DeletionRequest, LegalHold, RetentionPolicy, ThreadRemoval
+from retention.selectors import subject_threads
 from runs import dispatch, storage
 from runs.errors import InvalidRequest, StateConflict
 from runs.models import Run, Tenant, Thread
@@ -412,6 +413,9 @@ def _accept(
         "threads_shredded": len(free),
         "threads_on_hold": len(held),
     }
+    if not threads:
+        # Said in so many words: an empty record reads like a failure.
+        request.record["note"] = "no thread matched"
     request.save(update_fields=["status", "record", "updated_at"])
     _deletion_event(
         request,
@@ -463,19 +467,14 @@ def subject_deletion_request(
     """
     if not isinstance(subject, str) or not subject.strip():
         raise InvalidRequest("subject must be a non-empty string", field="subject")
-    digest = subject_hash(subject)
     request = DeletionRequest.objects.create(
         tenant=tenant,
         kind=DeletionRequest.Kind.SUBJECT,
-        subject_hash=digest,
+        subject_hash=subject_hash(subject),
         status=DeletionRequest.Status.SHREDDED,
         **_requester(actor),
     )
-    pks = (
-        Thread.objects.for_tenant(tenant)
-        .filter(subject_hash=digest)
-        .values_list("pk", flat=True)
-    )
+    pks = subject_threads(tenant, subject).values_list("pk", flat=True)
     threads = _lock_for_deletion(list(pks))
     return _accept(
         request=request, threads=threads, actor=actor, target="a data subject"

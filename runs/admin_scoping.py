@@ -102,8 +102,8 @@ class TenantScopedAdmin(admin.ModelAdmin):
     def manageable_tenants(self, request) -> list[int]:
         """The ids of the tenants in which the user may add these rows."""
         if request.user.is_superuser:
-            return list(Tenant.objects.values_list("pk", flat=True)[:2])
-        return sorted(set(tenant_ids_for(request.user, self.manage_roles)))
+            return list(Tenant.objects.values_list("pk", flat=True))
+        return sorted(set(tenant_ids_for(request.user, self.manage_capability)))
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         related = db_field.related_model
