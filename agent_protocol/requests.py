@@ -12,6 +12,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from runs.api.fields import StrictBooleanField
 from runs.errors import InvalidRequest
 from runs.models import Run
 
@@ -164,7 +165,7 @@ def checkpoint_id_of(body: dict) -> str | None:
 
 class StateAt(serializers.Serializer):
     checkpoint = CheckpointRef()
-    subgraphs = serializers.BooleanField(default=False)
+    subgraphs = StrictBooleanField(default=False)
     select = serializers.ListField(child=serializers.CharField(), required=False)
 
 
@@ -233,14 +234,14 @@ class RunCreate(serializers.Serializer):
     input = AnyJSON()
     command = Command(required=False, allow_null=True)
     stream_mode = AnyJSON()
-    stream_subgraphs = serializers.BooleanField(default=False)
-    stream_resumable = serializers.BooleanField(default=False)
+    stream_subgraphs = StrictBooleanField(default=False)
+    stream_resumable = StrictBooleanField(default=False)
     metadata = serializers.DictField(required=False, allow_null=True)
     config = AnyJSON()
     context = AnyJSON()
     checkpoint = CheckpointRef(required=False, allow_null=True)
     checkpoint_id = serializers.CharField(required=False, allow_null=True)
-    checkpoint_during = serializers.BooleanField(required=False, allow_null=True)
+    checkpoint_during = StrictBooleanField(required=False, allow_null=True)
     interrupt_before = AnyJSON()
     interrupt_after = AnyJSON()
     feedback_keys = AnyJSON()
@@ -255,7 +256,7 @@ class RunCreate(serializers.Serializer):
     durability = serializers.ChoiceField(
         ["sync", "async", "exit"], required=False, allow_null=True
     )
-    strict_resume = serializers.BooleanField(required=False, allow_null=True)
+    strict_resume = StrictBooleanField(required=False, allow_null=True)
     langsmith_tracer = AnyJSON()
 
     def validate(self, attrs):

@@ -335,7 +335,7 @@ REST_FRAMEWORK = {
         "principal": env.str("GATEHOUSE_THROTTLE_RATE", default="600/minute")
     },
     "EXCEPTION_HANDLER": "runs.api.errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "runs.api.schema.GatehouseAutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -354,6 +354,11 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "runs.models.execution.Run.Status",
         "ApprovalStatusEnum": "approvals.models.ApprovalRequest.Status",
     },
+    # Error responses per operation come from runs.api.schema.GatehouseAutoSchema.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "runs.api.schema.examples_hook",
+    ],
 }
 
 # --- Celery -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from agent_protocol import catalog
 from agent_protocol.requests import AssistantCount, AssistantSearch, validated
 from agent_protocol.views.base import NotSupported, ProtocolView
+from runs.api.fields import query_flag
 from runs.graphs import compiled
 from runs.registry import AgentSpec
 
@@ -172,7 +173,7 @@ class AssistantSubgraphsView(ProtocolView):
     def get(self, request, assistant_id, namespace=None):
         spec = _spec(assistant_id)
         graph = compiled(spec, request.principal.tenant)
-        recurse = request.query_params.get("recurse", "false").lower() == "true"
+        recurse = query_flag(request, "recurse")
         return Response(
             {
                 name: _schemas(spec, subgraph)

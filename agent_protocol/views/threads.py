@@ -27,6 +27,7 @@ from agent_protocol.requests import (
 from agent_protocol.views.base import ProtocolView, no_content
 from retention.services import thread_deletion_request
 from runs import services
+from runs.api.fields import query_flag
 from runs.api.views import actor_for, require_time_travel
 from runs.errors import InvalidRequest, StateConflict
 from runs.models import Thread
@@ -193,10 +194,6 @@ def _state_body(
     return {key: body[key] for key in select if key in body} if select else body
 
 
-def _flag(request, name: str) -> bool:
-    return request.query_params.get(name, "false").lower() in ("true", "1")
-
-
 class ThreadStateView(ProtocolView):
     def get(self, request, thread_id, checkpoint_id=None):
         thread = self.thread(thread_id)
@@ -205,7 +202,7 @@ class ThreadStateView(ProtocolView):
                 request,
                 thread,
                 checkpoint_id=checkpoint_id,
-                subgraphs=_flag(request, "subgraphs"),
+                subgraphs=query_flag(request, "subgraphs"),
                 select=request.query_params.getlist("select") or None,
             )
         )

@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from approvals.models import ApprovalRequest
+from runs.api.fields import StrictBooleanField
 from runs.api.serializers import RunQueuedSerializer
 
 
@@ -98,9 +99,16 @@ class ApprovalSummarySerializer(serializers.ModelSerializer):
 
 
 class DecideSerializer(serializers.Serializer):
-    approved = serializers.BooleanField()
+    approved = StrictBooleanField(
+        help_text="true approves, false denies: a JSON boolean, never a string."
+    )
     note = serializers.CharField(
-        required=False, allow_blank=True, max_length=2000, default=""
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        default="",
+        help_text="Why: shown on the card and kept with the decision (required "
+        "when `args` edits the action).",
     )
     reviewer = serializers.CharField(
         required=False,

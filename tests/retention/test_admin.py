@@ -7,8 +7,8 @@ from django.test import Client
 
 from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
-from retention.services import deletion_carry_out
 from retention.models import DeletionRequest, LegalHold, RetentionPolicy
+from retention.services import deletion_carry_out
 from runs.models import Thread
 from tests.factories import make_member, make_tenant
 from tests.retention.helpers import make_thread

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from runs.api.fields import StrictBooleanField
 from webhooks.models import EVENTS, WebhookDelivery, WebhookSubscription
 
 
@@ -8,7 +9,7 @@ class SubscriptionCreateSerializer(serializers.Serializer):
     events = serializers.ListField(
         child=serializers.ChoiceField(EVENTS), allow_empty=True
     )
-    include_content = serializers.BooleanField(default=False)
+    include_content = StrictBooleanField(default=False)
 
 
 class SubscriptionSerializer(serializers.ModelSerializer):
