@@ -140,6 +140,24 @@ def documented_commands() -> set[str]:
     }
 
 
+# What a README line shows in place of a value the reader has: (placeholder,
+# how the test gets the value). A line with a placeholder not here is not run
+# as written (its command still runs, in the test above, with real values).
+README_PLACEHOLDERS = ("gh_XXXXXXXXX",)
+
+
+def readme_command_lines() -> list[str]:
+    """The `manage.py` lines of the README's shell blocks, as written."""
+    lines, in_block = [], False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            in_block = line.strip() in ("```sh", "```bash", "```shell")
+            continue
+        if in_block and re.match(r"(\.venv/bin/)?python manage\.py ", line):
+            lines.append(line)
+    return lines
+
+
 def test_make_run_prints_each_role_the_key_and_the_warning_once(server):
     output = server.output()
     for label in ("Reviewer:", "Compliance officer:", "Auditor:", "API key:"):
@@ -181,6 +199,37 @@ def test_worker_runs_the_refund_agent_to_its_approval(server):
     )
 
 
+def test_the_readmes_command_lines_run_as_written(server):
+    """Each `manage.py` line of the README, typed as shown into a shell in the
+    checkout (`python` being the checkout's, as after activating its venv)."""
+    env = shell_env(PATH=f"{server.checkout / '.venv' / 'bin'}:{os.environ['PATH']}")
+    values: dict[str, str] = {}
+    ran = []
+    for line in readme_command_lines():
+        command = line
+        for placeholder in README_PLACEHOLDERS:
+            if placeholder in command:
+                command = command.replace(placeholder, values[placeholder])
+        if "pkg.mod:fn" in command:
+            continue  # names a function the reader writes; --help runs above
+        result = subprocess.run(
+            ["bash", "-c", command],
+            cwd=server.checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, (line, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr, (line, result.stderr)
+        assert "_KEYS is not set" not in result.stdout + result.stderr, line
+        if "create_api_key" in command and "--user" not in command:
+            values["gh_XXXXXXXXX"] = result.stdout.split()[-1].split(".")[0]
+        ran.append(re.search(r"manage\.py ([a-z_]+)", line)[1])
+    assert {"audit_report", "retention_run", "create_tenant", "create_api_key",
+            "revoke_api_key", "audit_anchor", "verify_audit"} <= set(ran)  # fmt: skip
+
+
 def test_each_documented_command_runs_with_nothing_typed_in_front(server):
     def run(*command: str) -> str:
         result = manage(
@@ -196,8 +245,8 @@ def test_each_documented_command_runs_with_nothing_typed_in_front(server):
         ["migrate"],
         ["check", "--deploy"],
         ["collectstatic", "--noinput"],
-        ["create_tenant", "acme", "--name", "Acme Corp"],
-        ["create_reviewer", "--tenant", "acme", "--username", "rita"],
+        ["create_tenant", "globex", "--name", "Globex"],
+        ["create_reviewer", "--tenant", "globex", "--username", "gus"],
         ["audit_report", "--tenant", "demo", "--date", today],
         ["retention_run", "--dry-run"],
         ["verify_audit", "--tenant", "demo", "--seal"],
@@ -209,7 +258,7 @@ def test_each_documented_command_runs_with_nothing_typed_in_front(server):
     ]:
         run(*command)
         ran.add(command[0])
-    secret = run("create_api_key", "--tenant", "acme", "--scopes", "runs,audit")
+    secret = run("create_api_key", "--tenant", "globex", "--scopes", "runs,audit")
     run("revoke_api_key", secret.split()[-1].split(".")[0])
     heads = server.checkout.parent / "heads.jsonl"
     heads.write_text(run("audit_anchor"))
