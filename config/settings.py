@@ -301,11 +301,18 @@ STORAGES = {
 # (the admin, the Swagger UI bundle) so the API docs page needs no CDN.
 WHITENOISE_USE_FINDERS = True
 
-# --- Email (escalation notices) -----------------------------------------------
+# --- Email (approval notices: approvals.notifications) ----------------------------
 EMAIL_BACKEND = env.str(
     "EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend"
 )
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="gatehouse@localhost")
+# The SMTP backend's server; the password only from the environment.
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=587)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=True)
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=30)
 
 # --- API ------------------------------------------------------------------------
 # Largest request body the API accepts; larger ones answer 413.

@@ -27,6 +27,12 @@ os.environ.setdefault(
 # Short leases so that a killed worker's run is taken over within seconds.
 os.environ.setdefault("GATEHOUSE_RUN_LEASE_SECONDS", "3")
 os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")
+# Mail sent by the workers the suite starts lands in files here, where a test
+# reads it (the test process itself uses Django's locmem outbox). Set once, so
+# the workers, which inherit this environment, write where the tests look.
+os.environ.setdefault(
+    "GATEHOUSE_TEST_MAIL_DIR", tempfile.mkdtemp(prefix="gatehouse-test-mail-")
+)
 # Webhook receivers of the tests listen on 127.0.0.1, and retry at once.
 os.environ.setdefault("GATEHOUSE_WEBHOOK_ALLOW_PRIVATE", "true")
 os.environ.setdefault("GATEHOUSE_WEBHOOK_RETRY_SECONDS", "0.2")
@@ -35,6 +41,8 @@ from config.settings import *  # noqa: E402,F403
 from tests.docs_examples import registrations  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+EMAIL_FILE_PATH = os.environ["GATEHOUSE_TEST_MAIL_DIR"]
 # The test client and the live servers of the browser tests speak plain http.
 # Production's transport settings are tested in tests/test_deployment.py, from
 # config.settings in processes of their own.

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
 
+from approvals import notifications
 from approvals.cards import card_hash, opening_card
 from approvals.content import card_row, snapshot_row
 from approvals.desk_models import Assignment, DecisionSnapshot, RequestOpening
@@ -112,5 +113,8 @@ def request_reassign(*, approval: ApprovalRequest, assignee, user) -> Assignment
         kind=events.APPROVAL_REASSIGNED,
         actor=Actor.user(user),
         assignee=assignee.get_username(),
+    )
+    notifications.notify_assigned(
+        approval=approval, assignee=assignee, assigned_by=user.get_username()
     )
     return assignment

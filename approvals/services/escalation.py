@@ -4,10 +4,10 @@ and requests that can no longer be answered, closed.
 Each tenant's approval policy (approvals.policy) names the chain, for
 example: remind reviewers at the due time, escalate to compliance officers
 4 hours later, expire 24 hours after that. Each hop is an audit event and an
-e-mail to the members with the step's roles (Django's mail framework; the
-console backend in the embedded mode). The final action denies the request
-with a system note and resumes the run with that denial, so the agent ends
-in a known state. The batch sweeps that find what is due are
+e-mail to the members with the step's roles (approvals.notifications). The
+final action denies the request with a system note and resumes the run with
+that denial, so the agent ends in a known state; the compliance officers are
+told by e-mail. The batch sweeps that find what is due are
 approvals.sweeps.
 """
 
@@ -16,15 +16,13 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.core.mail import send_mass_mail
 from django.db import transaction
 from django.utils import timezone
 
+from approvals import notifications
 from approvals.content import payload_of
 from approvals.models import ApprovalRequest
-from approvals.policy import EscalationStep
+from approvals.policy import EscalationStep, policy_for
 from approvals.services.lifecycle import (
     SYSTEM,
     approval_close,
@@ -38,7 +36,7 @@ from audit.services import Actor
 from runs import registry
 from runs.crypto import CryptoError
 from runs.errors import StateConflict
-from runs.models import Membership, Run, Thread
+from runs.models import Run, Thread
 
 logger = logging.getLogger(__name__)
 
@@ -77,52 +75,6 @@ def orphan_reason(approval: ApprovalRequest) -> str | None:
     return None
 
 
-def _recipients(tenant_id: int, roles: tuple[str, ...]) -> list[str]:
-    users = get_user_model().objects.filter(
-        is_active=True,
-        pk__in=Membership.objects.filter(tenant_id=tenant_id, role__in=roles).values(
-            "user_id"
-        ),
-    )
-    return sorted({email for email in users.values_list("email", flat=True) if email})
-
-
-def _notice(approval: ApprovalRequest, step: EscalationStep, recipients: list[str]):
-    """One message per recipient: ids, action and risk only, no content."""
-    link = (
-        f"{settings.GATEHOUSE_BASE_URL.rstrip('/')}/admin/approvals/"
-        f"approvalrequest/{approval.pk}/change/"
-    )
-    subject = (
-        f"[Gatehouse] {step.name}: {approval.action} ({approval.risk} risk) "
-        f"waiting since {approval.created_at:%Y-%m-%d %H:%M} UTC"
-    )
-    body = "\n".join(
-        [
-            f"An approval request of tenant {approval.tenant.slug} is unanswered.",
-            "",
-            f"Action: {approval.action} (risk {approval.risk})",
-            f"Thread: {approval.thread.thread_id}",
-            f"Requested: {approval.created_at.isoformat()}",
-            f"Due: {approval.due_at.isoformat()}",
-            f"Step: {step.name} (level {step.level})",
-            "",
-            f"Review it: {link}",
-            "",
-            "If nobody answers, the request expires and is denied by the system.",
-        ]
-    )
-    sender = settings.DEFAULT_FROM_EMAIL
-    return [(subject, body, sender, [address]) for address in recipients]
-
-
-def _send(messages: list) -> None:
-    try:
-        send_mass_mail(messages, fail_silently=False)
-    except Exception:  # a mail server down must not undo the hop
-        logger.exception("escalation notices could not be sent")
-
-
 def approval_escalate(
     *, approval: ApprovalRequest, step: EscalationStep, now: datetime | None = None
 ) -> ApprovalRequest:
@@ -134,7 +86,9 @@ def approval_escalate(
     approval.escalation_level = step.level
     approval.escalated_at = now
     approval.save(update_fields=["escalation_level", "escalated_at"])
-    recipients = _recipients(approval.tenant_id, step.notify)
+    notice = notifications.notify_escalated(
+        approval=approval, roles=step.notify, step=step.name, level=step.level
+    )
     approval_event(
         approval=approval,
         kind=events.APPROVAL_ESCALATED,
@@ -142,11 +96,8 @@ def approval_escalate(
         step=step.name,
         level=step.level,
         notify=list(step.notify),
-        notified=len(recipients),
+        notified=len(notice.recipients),
     )
-    if recipients:
-        messages = _notice(approval, step, recipients)
-        transaction.on_commit(lambda: _send(messages))
     return approval
 
 
@@ -164,6 +115,17 @@ def request_escalate(*, approval: ApprovalRequest, user) -> ApprovalRequest:
         actor=Actor.user(user),
         level=approval.escalation_level,
     )
+    # Told like a hop of the chain at that level: its roles (past the chain's
+    # end, the last step's).
+    steps = policy_for(approval.tenant).steps
+    if steps:
+        step = steps[min(approval.escalation_level, len(steps)) - 1]
+        notifications.notify_escalated(
+            approval=approval,
+            roles=step.notify,
+            step=f"{step.name}, by {user.get_username()}",
+            level=approval.escalation_level,
+        )
     return approval
 
 
@@ -213,4 +175,5 @@ def approval_expire(
         verdict="denied",
         resumed_run=str(run.pk),
     )
+    notifications.notify_expired(approval=approval)
     return approval, run
