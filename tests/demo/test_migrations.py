@@ -3,22 +3,16 @@
 from decimal import Decimal
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.migrations import migrate_to, migrate_to_latest
 
 BEFORE = [("runs", "0004_beat_recover_stalled_runs")]
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 def test_demo_rows_survive_the_move_to_the_demo_app():
-    old = _migrate(BEFORE)
+    old = migrate_to(BEFORE)
     tenant = old.get_model("runs", "Tenant").objects.create(slug="moved", name="M")
     thread = old.get_model("runs", "Thread").objects.create(
         tenant=tenant, thread_id="case-1", wrapped_data_key=b"k", data_key_id="k1"
@@ -30,7 +24,7 @@ def test_demo_rows_survive_the_move_to_the_demo_app():
         tenant=tenant, thread=thread, idempotency_key="msg-1", kind="k", body=b"x"
     )
 
-    new = _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    new = migrate_to_latest()
 
     payment = new.get_model("demo", "DemoPayment").objects.get()
     assert (payment.idempotency_key, payment.amount) == ("pay-1", Decimal("40.00"))

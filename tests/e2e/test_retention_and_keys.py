@@ -11,7 +11,7 @@ from approvals.models import ApprovalRequest
 from retention.models import DeletionRequest
 from runs.models import ApiKey, Thread
 from tests.approvals.helpers import refund_input, wait_run
-from tests.e2e.test_reviewer_desk import PASSWORD
+from tests.e2e.test_reviewer_desk import PASSWORD, log_in
 from tests.factories import make_member, make_tenant, tenant_with_client
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
@@ -19,13 +19,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 JANE = "jane@example.com"
 
 
-def log_in(browser, live_server, username: str, path: str):
-    page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-    page.goto(f"{live_server.url}/admin/login/?next={path}")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"**{path}")
+def log_in_at(browser, live_server, username: str, path: str):
+    """Signed in (through the desk's login), on `path`."""
+    page = log_in(browser, live_server, username)
+    page.goto(f"{live_server.url}{path}")
     return page
 
 
@@ -62,7 +59,7 @@ def test_a_deletion_is_confirmed_on_a_page_listing_the_open_approval(
     make_member(tenant, role="compliance_officer", username="cora", password=PASSWORD)
 
     add = "/admin/retention/deletionrequest/add/"
-    page = log_in(browser, live_server, "cora", add)
+    page = log_in_at(browser, live_server, "cora", add)
     # Her only tenant is chosen already.
     assert page.eval_on_selector("#id_tenant", "select => select.value") == str(
         tenant.pk
@@ -99,7 +96,7 @@ def test_the_new_keys_page_reloaded_makes_no_second_key(live_server, browser):
     tenant = make_tenant()
     make_member(tenant, role="tenant_admin", username="tia", password=PASSWORD)
     add = "/admin/runs/apikey/add/"
-    page = log_in(browser, live_server, "tia", add)
+    page = log_in_at(browser, live_server, "tia", add)
     page.fill("#id_name", "billing")
     page.check("input[name=scopes][value=runs]")
     page.click("input[name=_save]")

@@ -2,8 +2,8 @@
 names of their own, and the constraint holds from then on."""
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.migrations import migrate_to, migrate_to_latest
 
 BEFORE = [("runs", "0012_thread_step_aliases")]
 AFTER = [("runs", "0013_api_key_names_unique")]
@@ -11,14 +11,8 @@ AFTER = [("runs", "0013_api_key_names_unique")]
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 def test_duplicate_and_empty_names_are_made_unique():
-    old = _migrate(BEFORE)
+    old = migrate_to(BEFORE)
     Tenant, ApiKey = old.get_model("runs", "Tenant"), old.get_model("runs", "ApiKey")
     acme, other = (Tenant.objects.create(slug=slug, name=slug) for slug in "ab")
     for prefix, tenant, name in [
@@ -29,7 +23,7 @@ def test_duplicate_and_empty_names_are_made_unique():
     ]:
         ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, scopes=["runs"])
 
-    new = _migrate(AFTER)
+    new = migrate_to(AFTER)
     names = dict(new.get_model("runs", "ApiKey").objects.values_list("prefix", "name"))
     assert names == {
         "gh_first": "billing",
@@ -37,4 +31,4 @@ def test_duplicate_and_empty_names_are_made_unique():
         "gh_third": "key gh_third",
         "gh_fourth": "billing",
     }
-    _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    migrate_to_latest()
