@@ -313,9 +313,11 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
     def _hand_over(self, request, issued: services.IssuedApiKey):
         key, sealed = crypto.handoff_seal(issued.secret)
+        # By key id: keys made in two tabs at once each wait for their page.
+        waiting = request.session.get(self.HANDOFF_SESSION_KEY, {})
         request.session[self.HANDOFF_SESSION_KEY] = {
-            "pk": issued.api_key.pk,
-            "sealed": sealed,
+            **waiting,
+            str(issued.api_key.pk): sealed,
         }
         url = reverse("admin:runs_apikey_created", args=[issued.api_key.pk])
         return HttpResponseRedirect(f"{url}?{urlencode({'k': key})}")
@@ -325,10 +327,11 @@ class ApiKeyAdmin(TenantScopedAdmin):
         if api_key is None or not self._may_see_created(request, api_key):
             raise Http404("no such key")
         secret = None
-        waiting = request.session.get(self.HANDOFF_SESSION_KEY)
-        if waiting and waiting.get("pk") == api_key.pk:
-            del request.session[self.HANDOFF_SESSION_KEY]
-            secret = crypto.handoff_open(request.GET.get("k", ""), waiting["sealed"])
+        waiting = dict(request.session.get(self.HANDOFF_SESSION_KEY, {}))
+        sealed = waiting.pop(str(api_key.pk), None)
+        if sealed is not None:  # taken out as it is shown: once only
+            request.session[self.HANDOFF_SESSION_KEY] = waiting
+            secret = crypto.handoff_open(request.GET.get("k", ""), sealed)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,

@@ -200,3 +200,19 @@ def test_renaming_a_key_in_the_admin_is_audited():
     )
     api_key.refresh_from_db()
     assert api_key.name == "refunds"
+
+
+def test_keys_made_in_two_tabs_each_show_their_secret_once():
+    tenant = make_tenant()
+    admin = logged_in(make_superuser())
+    locations = [
+        admin.post(
+            "/admin/runs/apikey/add/",
+            {"tenant": tenant.pk, "name": name, "scopes": ["runs"]},
+        )["Location"]
+        for name in ("first", "second")
+    ]
+    for location, name in zip(locations, ("first", "second"), strict=True):
+        secret = SECRET.search(admin.get(location).content.decode())[1]
+        assert ApiKey.objects.get(name=name).matches(secret)
+        assert not SECRET.search(admin.get(location).content.decode())
