@@ -133,3 +133,20 @@ def test_roles_are_mailed_along_the_chain_and_officers_when_it_expires(worker):
     expired = one_mail_to(officer.email, "Expired")
     assert "denied by the system" in assert_names_the_request(expired, approval)
     assert not [m for m in mails_to(reviewer.email) if "Expired" in m["Subject"]]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_escalating_by_hand_mails_the_roles_of_the_chains_step(worker):
+    tenant = make_tenant()
+    make_thread(tenant, "case-mail-3", steps=1)
+    approval = ApprovalRequest.objects.select_related("thread", "tenant").get()
+    officer = member_with_mail(tenant, "compliance_officer", "otto")
+    reviewer = member_with_mail(tenant, "reviewer", "ria")
+    client = Client()
+    client.force_login(officer)
+    response = client.post(f"/admin/approvals/approvalrequest/{approval.pk}/escalate/")
+    assert response.status_code == 302
+    # Level 1 of the default chain is "remind": the reviewers.
+    message = one_mail_to(reviewer.email, "Escalated (remind, by otto)")
+    assert "escalated to the reviewers" in assert_names_the_request(message, approval)
