@@ -162,6 +162,19 @@ RUN_CANCEL_REQUESTED = _declare(
 )
 TOOL_CALL_STARTED = _declare("tool_call.started", "{tool} called with key {key}")
 TOOL_CALL_SUCCEEDED = _declare("tool_call.succeeded", "{tool} succeeded (key {key})")
+TOOL_CALL_FAILED = _declare(
+    "tool_call.failed", "{tool} attempt {attempt} failed ({error_type}); {then}"
+)
+# Sagas (runs.compensation): a failed run undoing what it did, newest first.
+RUN_COMPENSATING = _declare(
+    "run.compensating", "run failed ({error_type}); undoing {steps} completed step(s)"
+)
+TOOL_COMPENSATED = _declare(
+    "tool.compensated", "{compensated} undone by {tool} (key {key})"
+)
+RUN_COMPENSATED = _declare(
+    "run.compensated", "{steps} completed step(s) undone; the run ends compensated"
+)
 
 # Webhooks
 WEBHOOK_SUBSCRIBED = _declare(

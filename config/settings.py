@@ -415,6 +415,9 @@ GATEHOUSE_AGENTS = env.str("GATEHOUSE_AGENTS", default="")
 GATEHOUSE_DEMO_PAYMENT_LATENCY = env.float(
     "GATEHOUSE_DEMO_PAYMENT_LATENCY", default=0.0
 )
+# How long the demo stand-ins take to undo (release stock, refund a charge,
+# cancel a courier), after the undo is committed: tests kill a worker there.
+GATEHOUSE_DEMO_UNDO_LATENCY = env.float("GATEHOUSE_DEMO_UNDO_LATENCY", default=0.0)
 # How long a run's lease lasts without a heartbeat before another worker may
 # take the run over; workers renew it every third of that.
 GATEHOUSE_RUN_LEASE_SECONDS = env.int("GATEHOUSE_RUN_LEASE_SECONDS", default=30)

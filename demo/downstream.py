@@ -79,6 +79,19 @@ def send_customer_message(
     return {"message_id": f"msg_{message.pk}", "kind": message.kind}
 
 
+def _undo(model, reference: str, prefix: str, field: str) -> None:
+    """Mark the row `reference` (prefix + pk) undone at most once: undoing
+    twice changes nothing, as a real provider's refund of a refunded charge."""
+    pk = int(reference.removeprefix(prefix))
+    model.objects.filter(pk=pk, **{f"{field}__isnull": True}).update(
+        **{field: timezone.now()}
+    )
+    # The provider answers after a round trip: a test kills a worker there.
+    latency = settings.GATEHOUSE_DEMO_UNDO_LATENCY
+    if latency:
+        time.sleep(latency)
+
+
 def reserve_stock(
     *, tenant_id: int, idempotency_key: str, order_id: str, lines: list[dict]
 ) -> dict:
@@ -95,10 +108,7 @@ def reserve_stock(
 
 def release_stock(*, reservation_id: str) -> dict:
     """Put the reserved lines back on the shelf; releasing twice is a no-op."""
-    pk = int(reservation_id.removeprefix("res_"))
-    DemoStockReservation.objects.filter(pk=pk, released_at__isnull=True).update(
-        released_at=timezone.now()
-    )
+    _undo(DemoStockReservation, reservation_id, "res_", "released_at")
     return {"released": reservation_id}
 
 
@@ -123,10 +133,7 @@ def charge_card(
 
 def refund_charge(*, charge_id: str) -> dict:
     """Refund a charge in full; refunding twice is a no-op."""
-    pk = int(charge_id.removeprefix("ch_"))
-    DemoCharge.objects.filter(pk=pk, refunded_at__isnull=True).update(
-        refunded_at=timezone.now()
-    )
+    _undo(DemoCharge, charge_id, "ch_", "refunded_at")
     return {"refunded": charge_id}
 
 
@@ -170,8 +177,5 @@ def book_courier(
 
 def cancel_courier(*, booking_id: str) -> dict:
     """Cancel a pickup; cancelling twice is a no-op."""
-    pk = int(booking_id.removeprefix("bk_"))
-    DemoCourierBooking.objects.filter(pk=pk, cancelled_at__isnull=True).update(
-        cancelled_at=timezone.now()
-    )
+    _undo(DemoCourierBooking, booking_id, "bk_", "cancelled_at")
     return {"cancelled": booking_id}

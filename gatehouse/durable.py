@@ -10,7 +10,9 @@ LangGraph's idiom, with Gatehouse's ledger, encryption and audit behind them
   recorded (encrypted) the first time a step runs and returned again, in the
   same order, every time it runs again.
 - `side_effect(tool, args, perform, ...)`: a call to another system made once
-  per step, with an idempotency key that is the same on every retry.
+  per step, with an idempotency key that is the same on every retry; with a
+  `RetryPolicy` and a timeout per attempt, and a compensation that undoes it
+  if the run fails for good later (a saga: runs.compensation).
 - `patched(name)`: whether the thread started after patch `name` was
   deployed, so that a change to an agent does not change the path of threads
   paused in it.
@@ -23,12 +25,21 @@ elsewhere they raise `OutsideRun`.
 from runs.context import OutsideRun
 from runs.patches import UndeclaredPatch, patched
 from runs.replay import NonDeterministicStep, Random, now, random, uuid4
-from runs.tools import idempotency_key, side_effect
+from runs.tools import (
+    ActivityFailed,
+    ActivityTimedOut,
+    RetryPolicy,
+    idempotency_key,
+    side_effect,
+)
 
 __all__ = [
+    "ActivityFailed",
+    "ActivityTimedOut",
     "NonDeterministicStep",
     "OutsideRun",
     "Random",
+    "RetryPolicy",
     "UndeclaredPatch",
     "idempotency_key",
     "now",

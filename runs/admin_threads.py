@@ -286,6 +286,7 @@ class RunAdmin(ReadOnlyScopedAdmin):
         "started_at",
         "ended_at",
         "error_type",
+        "compensation",
     ]
     list_filter = ["status", "kind", ScopedTenantFilter]
     search_fields = ["=thread__thread_id"]
@@ -307,6 +308,7 @@ class RunAdmin(ReadOnlyScopedAdmin):
         "lease_until",
         "heartbeat_at",
         "error_type",
+        "compensation",
         "next_nodes",
         "created_at",
         "started_at",

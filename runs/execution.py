@@ -28,7 +28,7 @@ from langgraph.types import Command
 
 from audit import events
 from audit.services import Actor
-from runs import dispatch, patches, replay, selectors, streaming
+from runs import compensation, dispatch, patches, replay, selectors, streaming
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
@@ -61,6 +61,8 @@ class Outcome:
     values: Any = None
     # The cancel action that stopped the run, if it was cancelled.
     cancelled: str = ""
+    # How the failed run undid what it did, if it had anything to undo.
+    compensated: compensation.Compensated | None = None
 
 
 class RunCancelled(Exception):
@@ -306,8 +308,16 @@ def _final_values(thread: Thread, run: Run) -> Any:
         return None
 
 
+def _error_type(error: BaseException) -> str:
+    if isinstance(error, compensation.RecordedFailure):
+        return error.error_type
+    return type(error).__name__
+
+
 def _error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:2000]
+    if isinstance(error, compensation.RecordedFailure):
+        return str(error)  # recorded with its type already
+    return f"{_error_type(error)}: {error}"[:2000]
 
 
 def _end_event(run: Run, outcome: Outcome, error: BaseException | None) -> dict:
@@ -317,7 +327,7 @@ def _end_event(run: Run, outcome: Outcome, error: BaseException | None) -> dict:
         interrupts=outcome.interrupts if run.status == Run.Status.INTERRUPTED else [],
         error=None
         if error is None
-        else {"error": type(error).__name__, "message": str(error)},
+        else {"error": _error_type(error), "message": str(error)},
     )
 
 
@@ -354,14 +364,29 @@ def _finish(
             except InterruptRejected as rejected:
                 error = rejected
         cipher = ThreadCipher.for_thread(thread)
+        compensated = outcome.compensated
         if error is not None:
             run.status = Run.Status.FAILED
-            run.error_type = type(error).__name__[:200]
+            run.error_type = _error_type(error)[:200]
             run.error = cipher.encrypt_value(
-                _error_text(error), row=("run-error", str(run.id))
+                compensated.error_text if compensated else _error_text(error),
+                row=("run-error", str(run.id)),
             )
             thread.status = Thread.Status.ERROR
             kind, data = events.RUN_FAILED, {"error_type": run.error_type}
+            if compensated:
+                run.compensation = compensated.status
+                data["compensation"] = compensated.status
+                if compensated.status == Run.Compensation.COMPENSATED:
+                    # Nothing is left to do: a retry would act on undone steps.
+                    thread.status = Thread.Status.IDLE
+                    thread_event(
+                        thread=thread,
+                        kind=events.RUN_COMPENSATED,
+                        actor=SYSTEM,
+                        run=run,
+                        data={"steps": compensated.undone},
+                    )
         elif outcome.interrupts:
             thread.status = Thread.Status.INTERRUPTED
             thread.gated_nodes = sorted(
@@ -405,13 +430,35 @@ def execute(run_id: str) -> None:
     heartbeat = Heartbeat(run.id, owner)
     heartbeat.start()
     try:
-        outcome = _invoke(run, thread, publisher, CancelWatch(run.id))
-    except VersionSkew as skew:
-        outcome = Outcome(error=skew)
-    except Exception as exc:  # the agent's own failure ends the run, not the worker
-        logger.info("run %s failed: %s", run_id, type(exc).__name__)
-        outcome = Outcome(error=exc, values=_final_values(thread, run))
+        outcome = _run(run, thread, publisher, owner)
     finally:
         heartbeat.stop()
         replay.forget_run(run_id)
     _finish(run_id, owner, outcome, publisher)
+
+
+def _run(
+    run: Run, thread: Thread, publisher: streaming.Publisher, owner: str
+) -> Outcome:
+    """Run the graph, or carry on undoing a failure (runs.compensation); a
+    failure for good undoes the saga's completed steps."""
+    failure = compensation.unfinished(run, thread)
+    if failure is not None:
+        outcome = Outcome(error=failure, values=_final_values(thread, run))
+    else:
+        try:
+            outcome = _invoke(run, thread, publisher, CancelWatch(run.id))
+        except VersionSkew as skew:
+            return Outcome(error=skew)  # the thread is left as it is
+        except Exception as exc:  # the agent's own failure ends the run, not the worker
+            logger.info("run %s failed: %s", run.id, type(exc).__name__)
+            outcome = Outcome(error=exc, values=_final_values(thread, run))
+    if outcome.error is not None:
+        outcome.compensated = compensation.compensate(
+            run=run,
+            thread=thread,
+            owner=owner,
+            error_type=_error_type(outcome.error),
+            error_text=_error_text(outcome.error),
+        )
+    return outcome

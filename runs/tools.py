@@ -7,28 +7,39 @@ side effect in `side_effect()`, which
 1. derives an idempotency key that is the same on every retry of the same step:
    a digest of tenant, thread, checkpoint namespace and id, task id, tool name
    and the call's index within the step;
-2. records the call as `started` in the ToolCall ledger before calling, so the
-   crash window is visible;
+2. records each attempt as `started` in the ToolCall ledger before calling, so
+   the crash window is visible;
 3. hands the key to the downstream system (which deduplicates on it, as a
-   payment API does);
-4. records the call as `succeeded` with its result, encrypted, afterwards;
+   payment API does), within the attempt's timeout if there is one;
+4. records the attempt's outcome: `succeeded` with the result, encrypted, or
+   `failed` / `timed_out`; a failure its retry policy allows is attempted
+   again, after the policy's backoff, with the same key;
 5. returns the recorded result, without calling again, when the ledger already
    holds a success for that key.
 
 A node that calls the same tool twice in one step passes distinct
 `call_index` values; indices must be the same on every retry (so: no counters
 that depend on what happened before the crash).
+
+A call may name its compensation (`compensate=`): what undoes it if the run
+later fails for good. The ledger keeps what the compensation needs (the
+arguments, encrypted, and the function's import path); runs.compensation runs
+it, through this same ledger, with a key of its own.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
+import importlib
 import json
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from audit import events
@@ -37,6 +48,58 @@ from audit.services import Actor, record
 from runs.context import current_step, step_key
 from runs.crypto import ThreadCipher
 from runs.models import Thread, ToolCall
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How many times a side effect is attempted, and how long to wait between.
+
+    The wait before attempt n (n >= 2) is `backoff * multiplier ** (n - 2)`
+    seconds, at most `max_backoff`. Only exceptions that are instances of
+    `retry_on` are attempted again; any other fails the step at once. The
+    worker waits inside the step (the run keeps its lease): policies are for
+    seconds, not hours.
+    """
+
+    attempts: int = 3
+    backoff: float = 1.0
+    multiplier: float = 2.0
+    max_backoff: float = 30.0
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("a retry policy needs at least one attempt")
+        if self.backoff < 0 or self.max_backoff < 0 or self.multiplier < 1:
+            raise ValueError(
+                "backoff and max_backoff cannot be negative, nor multiplier below 1"
+            )
+
+    def wait_before(self, attempt: int) -> float:
+        return min(self.backoff * self.multiplier ** (attempt - 2), self.max_backoff)
+
+
+# One attempt per execution of the step: a failure fails the step.
+ONCE = RetryPolicy(attempts=1)
+
+
+class ActivityTimedOut(TimeoutError):
+    """An attempt got no answer within its timeout. The call may still land
+    downstream: the next attempt carries the same key."""
+
+
+class ActivityFailed(Exception):
+    """A side effect failed for good: its error was not retryable, or it ran
+    out of attempts. The last attempt's exception is the `__cause__`."""
+
+    def __init__(self, tool: str, attempt: int, policy: RetryPolicy, error: Exception):
+        why = (
+            f"after {attempt} attempt(s)"
+            if isinstance(error, policy.retry_on)
+            else f"on attempt {attempt}, not retryable"
+        )
+        super().__init__(f"{tool} failed {why}: {type(error).__name__}: {error}")
+        self.tool, self.attempts = tool, attempt
 
 
 def args_digest(args: dict[str, Any]) -> str:
@@ -49,6 +112,220 @@ def idempotency_key(*, tool: str, call_index: int = 0) -> str:
     return step_key("gatehouse-tool-call", tool, call_index)
 
 
+def function_path(function: Callable) -> str:
+    """`module:qualname` of a function that a worker can import again: the
+    worker that undoes a step may not be the one that did it."""
+    path = f"{function.__module__}:{function.__qualname__}"
+    try:
+        found = import_function(path)
+    except (ImportError, AttributeError):
+        found = None
+    if found is not function:
+        raise TypeError(
+            f"{path} cannot be imported by name: a compensation must be a function "
+            "defined at the top level of a module (not a lambda or a closure)"
+        )
+    return path
+
+
+def import_function(path: str) -> Callable:
+    module, _, name = path.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in name.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _call_within(perform: Callable[[str], Any], key: str, timeout: float | None):
+    """`perform(key)`, given up on after `timeout` seconds.
+
+    A thread cannot be stopped from outside, so a timed-out call goes on in
+    the background; whatever it does lands under the same key as the next
+    attempt, which the downstream system deduplicates.
+    """
+    if timeout is None:
+        return perform(key)
+    context = contextvars.copy_context()  # the run context LangGraph set
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def attempt() -> None:
+        try:
+            outcome["result"] = context.run(perform, key)
+        except BaseException as exc:  # noqa: BLE001  handed to the caller
+            outcome["error"] = exc
+        finally:
+            connections.close_all()  # this thread's own database connections
+            done.set()
+
+    threading.Thread(target=attempt, name=f"side-effect-{key[:8]}", daemon=True).start()
+    if not done.wait(timeout):
+        raise ActivityTimedOut(f"no answer within {timeout:g}s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+class Ledger:
+    """One call's row in the ToolCall ledger, attempted under a retry policy."""
+
+    def __init__(
+        self,
+        *,
+        thread: Thread,
+        run_id: str,
+        key: str,
+        tool: str,
+        audit: dict[str, Any],
+        succeeded_kind: events.EventKind = events.TOOL_CALL_SUCCEEDED,
+    ) -> None:
+        self.thread, self.run_id, self.key, self.tool = thread, run_id, key, tool
+        self.cipher = ThreadCipher.for_thread(thread)
+        self.audit = {"tool": tool, "key": key[:16], **audit}
+        self.succeeded_kind = succeeded_kind
+        self.row: ToolCall | None = None
+
+    def seal(self, purpose: str, value: Any) -> bytes:
+        return self.cipher.encrypt_value(value, row=(purpose, self.key))
+
+    def unseal(self, purpose: str, value: bytes) -> Any:
+        return self.cipher.decrypt_value(value, row=(purpose, self.key))
+
+    def call(
+        self,
+        perform: Callable[[str], Any],
+        *,
+        retry: RetryPolicy = ONCE,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> Any:
+        """The recorded result, or `perform(key)`'s, attempted per `retry`;
+        `fields` are the row's own columns, written when it is created."""
+        attempt = 0
+        while True:
+            attempt += 1
+            done, result = self._begin(fields)
+            if done:
+                return result
+            try:
+                result = _call_within(perform, self.key, timeout)
+            except Exception as exc:
+                retrying = attempt < retry.attempts and isinstance(exc, retry.retry_on)
+                wait = retry.wait_before(attempt + 1) if retrying else None
+                self._failed(exc, wait)
+                if wait is None:
+                    raise ActivityFailed(self.tool, attempt, retry, exc) from exc
+                time.sleep(wait)
+                continue
+            self._succeeded(result)
+            return result
+
+    def _event(self, kind: events.EventKind, **data: Any) -> None:
+        record(
+            tenant=self.thread.tenant,
+            kind=kind,
+            actor=Actor.agent(self.thread.agent_name),
+            thread_id=self.thread.thread_id,
+            run_id=self.run_id,
+            action=self.tool,
+            data={**self.audit, **data},
+        )
+
+    def _begin(self, fields: dict[str, Any]) -> tuple[bool, Any]:
+        """Record a new attempt `started`; (True, result) if a success is
+        recorded already."""
+        now = timezone.now()
+        with transaction.atomic():
+            if self.row is None:
+                try:
+                    with transaction.atomic():
+                        self.row = ToolCall.objects.create(
+                            tenant=self.thread.tenant,
+                            thread=self.thread,
+                            idempotency_key=self.key,
+                            tool=self.tool,
+                            status=ToolCall.Status.STARTED,
+                            run_id=self.run_id,
+                            attempt_log=[_attempt_entry(1, now)],
+                            started_at=now,
+                            **fields,
+                        )
+                        self._event(events.TOOL_CALL_STARTED, attempt=1)
+                        return False, None
+                except IntegrityError:
+                    self.row = ToolCall.objects.select_for_update().get(
+                        thread=self.thread, idempotency_key=self.key
+                    )
+                if self.row.status == ToolCall.Status.SUCCEEDED:
+                    return True, self.unseal("tool-result", self.row.result)
+            # Started before and never finished (the crash window: a worker
+            # lost mid-call), or failed: call again with the same key.
+            row = self.row
+            row.attempts += 1
+            row.status = ToolCall.Status.STARTED
+            row.attempt_log = [
+                {**entry, "outcome": "lost"} if entry["outcome"] == "started" else entry
+                for entry in row.attempt_log
+            ] + [_attempt_entry(row.attempts, now)]
+            row.save(update_fields=["attempts", "status", "attempt_log"])
+            self._event(events.TOOL_CALL_STARTED, attempt=row.attempts)
+        return False, None
+
+    def _finish_attempt(self, outcome: str, error_type: str = "") -> dict[str, Any]:
+        row = self.row
+        row.finished_at = timezone.now()
+        last = {**row.attempt_log[-1], "outcome": outcome, "ended": row.finished_at}
+        if error_type:
+            last["error_type"] = error_type
+        row.attempt_log = [*row.attempt_log[:-1], _jsonable(last)]
+        return last
+
+    def _failed(self, error: Exception, wait: float | None) -> None:
+        row = self.row
+        timed_out = isinstance(error, ActivityTimedOut)
+        error_type = type(error).__name__[:200]
+        self._finish_attempt("timed_out" if timed_out else "failed", error_type)
+        row.status, row.error_type = ToolCall.Status.FAILED, error_type
+        with transaction.atomic():
+            row.save(
+                update_fields=["status", "error_type", "finished_at", "attempt_log"]
+            )
+            self._event(
+                events.TOOL_CALL_FAILED,
+                attempt=row.attempts,
+                error_type=error_type,
+                retry_in=wait,
+                then="giving up" if wait is None else f"retrying in {wait:g}s",
+            )
+
+    def _succeeded(self, result: Any) -> None:
+        row = self.row
+        self._finish_attempt("succeeded")
+        row.status, row.error_type = ToolCall.Status.SUCCEEDED, ""
+        row.result = self.seal("tool-result", result)
+        with transaction.atomic():
+            row.save(
+                update_fields=[
+                    "status",
+                    "error_type",
+                    "result",
+                    "finished_at",
+                    "attempt_log",
+                ]
+            )
+            self._event(self.succeeded_kind, attempt=row.attempts)
+
+
+def _attempt_entry(number: int, at) -> dict[str, Any]:
+    return _jsonable({"attempt": number, "outcome": "started", "started": at})
+
+
+def _jsonable(entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in entry.items()
+    }
+
+
 def side_effect(
     tool: str,
     args: dict[str, Any],
@@ -56,74 +333,32 @@ def side_effect(
     *,
     call_index: int = 0,
     safe_keys: frozenset[str] = frozenset(),
+    retry: RetryPolicy = ONCE,
+    timeout: float | None = None,
+    compensate: Callable[[dict[str, Any], Any, str], Any] | None = None,
 ) -> Any:
-    """Run `perform(idempotency_key)` at most once per step; see the module doc.
+    """Run `perform(idempotency_key)` until it succeeds once per step; see the
+    module doc.
 
     `safe_keys` names the arguments that may appear in clear in the audit
     trail (an order id, an amount); the others appear only as digests.
+    `retry` and `timeout` (seconds, per attempt) say how hard to try; a
+    failure for good raises `ActivityFailed`. `compensate(args, result, key)`,
+    a module-level function, undoes the call if the run fails later
+    (runs.compensation).
     """
     context, _ = current_step()
     key = idempotency_key(tool=tool, call_index=call_index)
     thread = Thread.objects.select_related("tenant").get(pk=context.thread_pk)
-    cipher = ThreadCipher.for_thread(thread)
-    row = ("tool-result", key)
-    audit_args = describe(args, safe_keys=safe_keys)
-
-    with transaction.atomic():
-        try:
-            with transaction.atomic():
-                call = ToolCall.objects.create(
-                    tenant=thread.tenant,
-                    thread=thread,
-                    idempotency_key=key,
-                    tool=tool,
-                    args_digest=args_digest(args),
-                    status=ToolCall.Status.STARTED,
-                )
-        except IntegrityError:
-            call = ToolCall.objects.select_for_update().get(
-                thread=thread, idempotency_key=key
-            )
-            if call.status == ToolCall.Status.SUCCEEDED:
-                return cipher.decrypt_value(call.result, row=row)
-            # Started before and never finished (the crash window), or failed:
-            # call again with the same key; the downstream system deduplicates.
-            ToolCall.objects.filter(pk=call.pk).update(
-                attempts=F("attempts") + 1, status=ToolCall.Status.STARTED
-            )
-        record(
-            tenant=thread.tenant,
-            kind=events.TOOL_CALL_STARTED,
-            actor=Actor.agent(thread.agent_name),
-            thread_id=thread.thread_id,
-            run_id=context.run_id,
-            action=tool,
-            data={"tool": tool, "key": key[:16], "args": audit_args},
-        )
-
-    try:
-        result = perform(key)
-    except Exception as exc:
-        ToolCall.objects.filter(pk=call.pk).update(
-            status=ToolCall.Status.FAILED,
-            error_type=type(exc).__name__[:200],
-            finished_at=timezone.now(),
-        )
-        raise
-
-    with transaction.atomic():
-        ToolCall.objects.filter(pk=call.pk).update(
-            status=ToolCall.Status.SUCCEEDED,
-            result=cipher.encrypt_value(result, row=row),
-            finished_at=timezone.now(),
-        )
-        record(
-            tenant=thread.tenant,
-            kind=events.TOOL_CALL_SUCCEEDED,
-            actor=Actor.agent(thread.agent_name),
-            thread_id=thread.thread_id,
-            run_id=context.run_id,
-            action=tool,
-            data={"tool": tool, "key": key[:16], "args": audit_args},
-        )
-    return result
+    ledger = Ledger(
+        thread=thread,
+        run_id=context.run_id,
+        key=key,
+        tool=tool,
+        audit={"args": describe(args, safe_keys=safe_keys)},
+    )
+    fields: dict[str, Any] = {"args_digest": args_digest(args)}
+    if compensate is not None:
+        fields["compensation"] = function_path(compensate)
+        fields["args"] = ledger.seal("tool-args", args)
+    return ledger.call(perform, retry=retry, timeout=timeout, **fields)

@@ -21,6 +21,8 @@ AGENTS = {
     "replay": "build_graph",
     "patching": "build_graph",
     "migration": "build_graph",
+    "retries": "build_graph",
+    "saga": "build_graph",
 }
 # Modules that are a later version of another example's agent: module ->
 # (agent, version).

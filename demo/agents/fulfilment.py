@@ -10,6 +10,11 @@ plan_fulfilment -> reserve_stock -> charge_card -> book_courier -> notify_custom
 step node carries out its own step and hands over to the next step of the plan
 (`next_step`), so a step taken out of the plan is skipped. A charge of
 HIGH_RISK_FROM or more stops at its own approval gate first.
+
+It is a saga: reserving, charging and booking each name what undoes them
+(`compensate=`), so when a later step fails for good (the courier refuses the
+order, or stays down past its retries) or a reviewer denies the charge, the run
+releases, refunds and cancels what it did, newest first (runs.compensation).
 """
 
 from __future__ import annotations
@@ -18,19 +23,28 @@ import operator
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypedDict
 
-import pydantic
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import get_runtime
 from langgraph.types import interrupt
 
 from demo import downstream
+from demo.agents.orders import OrderAmount
+from gatehouse.durable import RetryPolicy, side_effect
 from runs.actions import GatedAction
-from runs.tools import side_effect
 
 STEPS = ("reserve_stock", "charge_card", "book_courier", "notify_customer")
 # Arguments that are safe to show in clear in the audit trail.
 SAFE_ARGS = frozenset({"order_id", "amount", "currency", "parcels", "kind"})
 HIGH_RISK_FROM = Decimal("500")
+# A courier that does not answer is tried again with the same key; one that
+# refuses the order is not.
+COURIER_RETRY = RetryPolicy(
+    attempts=3, backoff=0.5, retry_on=(downstream.CourierUnavailable,)
+)
+
+
+class ChargeDenied(Exception):
+    """A reviewer denied the charge: the order is cancelled and undone."""
 
 
 class FulfilmentState(TypedDict, total=False):
@@ -46,16 +60,8 @@ class FulfilmentState(TypedDict, total=False):
     outcome: str
 
 
-class ChargeArgs(pydantic.BaseModel):
+class ChargeArgs(OrderAmount):
     """The arguments of `charge_card`, as a reviewer may approve them."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    order_id: str = pydantic.Field(min_length=1, max_length=64)
-    amount: Decimal = pydantic.Field(
-        gt=0, le=Decimal("100000"), max_digits=9, decimal_places=2
-    )
-    currency: str = pydantic.Field(pattern=r"^[A-Z]{3}$")
 
 
 def charge_risk(args: ChargeArgs) -> str:
@@ -124,6 +130,20 @@ def next_step(state: FulfilmentState) -> str:
     return END
 
 
+# What undoes each step; called with the step's arguments, its result and the
+# undoing's own idempotency key.
+def release_stock(args: dict, reservation: dict, key: str) -> dict:
+    return downstream.release_stock(reservation_id=reservation["reservation_id"])
+
+
+def refund_charge(args: dict, charge: dict, key: str) -> dict:
+    return downstream.refund_charge(charge_id=charge["charge_id"])
+
+
+def cancel_courier(args: dict, booking: dict, key: str) -> dict:
+    return downstream.cancel_courier(booking_id=booking["booking_id"])
+
+
 def reserve_stock(state: FulfilmentState) -> FulfilmentState:
     args = _args(state, "reserve_stock")
     tenant_id = get_runtime().context.tenant_id
@@ -137,6 +157,7 @@ def reserve_stock(state: FulfilmentState) -> FulfilmentState:
             lines=args["lines"],
         ),
         safe_keys=SAFE_ARGS,
+        compensate=release_stock,
     )
     return {"reservation": reservation, "done": ["reserve_stock"]}
 
@@ -159,7 +180,10 @@ def charge_card(state: FulfilmentState) -> FulfilmentState:
         )
         update["decision"] = decision
         if not decision.get("approved"):
-            raise ValueError(f"the charge for order {args['order_id']} was denied")
+            raise ChargeDenied(
+                f"the charge for order {args['order_id']} was denied by "
+                f"{decision.get('reviewer')}"
+            )
         args = decision.get("args") or args
     tenant_id = get_runtime().context.tenant_id
     update["charge"] = side_effect(
@@ -173,6 +197,7 @@ def charge_card(state: FulfilmentState) -> FulfilmentState:
             currency=args["currency"],
         ),
         safe_keys=SAFE_ARGS,
+        compensate=refund_charge,
     )
     return update
 
@@ -193,6 +218,9 @@ def book_courier(state: FulfilmentState) -> FulfilmentState:
             refuse=bool(order.get("courier_refuses", False)),
         ),
         safe_keys=SAFE_ARGS,
+        retry=COURIER_RETRY,
+        timeout=10,
+        compensate=cancel_courier,
     )
     return {"booking": booking, "done": ["book_courier"]}
 

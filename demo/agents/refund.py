@@ -13,7 +13,6 @@ import json
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypedDict
 
-import pydantic
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -22,6 +21,7 @@ from langgraph.types import interrupt
 
 from demo import downstream
 from demo.agents.fake_model import RefundPlannerModel
+from demo.agents.orders import OrderAmount
 from runs.actions import GatedAction
 from runs.tools import side_effect
 
@@ -49,16 +49,8 @@ def risk_for(amount: str | Decimal) -> str:
     return "low" if value < LOW_RISK_BELOW else "medium"
 
 
-class RefundArgs(pydantic.BaseModel):
+class RefundArgs(OrderAmount):
     """The arguments of `refund_order`, as a reviewer may approve them."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    order_id: str = pydantic.Field(min_length=1, max_length=64)
-    amount: Decimal = pydantic.Field(
-        gt=0, le=Decimal("100000"), max_digits=9, decimal_places=2
-    )
-    currency: str = pydantic.Field(pattern=r"^[A-Z]{3}$")
 
 
 def refund_risk(args: RefundArgs) -> str:

@@ -90,6 +90,12 @@ class ResumeSerializer(serializers.Serializer):
 class RunSerializer(serializers.ModelSerializer):
     run_id = serializers.UUIDField(source="id")
     error = serializers.SerializerMethodField()
+    compensation = serializers.SerializerMethodField(
+        help_text="A failed run of a saga: `compensating` while it undoes its "
+        "completed steps, then `compensated` (all undone; the thread is idle) "
+        "or `failed` (a step could not be undone; the thread is in error). "
+        "Null when the run had nothing to undo."
+    )
 
     class Meta:
         model = Run
@@ -101,10 +107,14 @@ class RunSerializer(serializers.ModelSerializer):
             "started_at",
             "ended_at",
             "error",
+            "compensation",
         ]
 
     def get_error(self, run: Run) -> str | None:
         return selectors.run_error_text(run)
+
+    def get_compensation(self, run: Run) -> str | None:
+        return run.compensation or None
 
 
 class RunQueuedSerializer(serializers.Serializer):

@@ -51,6 +51,15 @@ class Run(models.Model):
         # Stop the run and delete the checkpoints it wrote.
         ROLLBACK = "rollback", "Roll back"
 
+    class Compensation(models.TextChoices):
+        """How far a failed run got in undoing what it did (runs.compensation):
+        `status` stays within the API's run statuses, this says the rest."""
+
+        NONE = "", "Nothing to undo"
+        COMPENSATING = "compensating", "Undoing its completed steps"
+        COMPENSATED = "compensated", "Every completed step undone"
+        FAILED = "failed", "A step could not be undone"
+
     ACTIVE = (Status.QUEUED, Status.RUNNING)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -75,6 +84,9 @@ class Run(models.Model):
     # Encrypted: an agent's exception text may quote what it was processing.
     error = models.BinaryField(null=True, editable=False)
     error_type = models.CharField(max_length=200, blank=True)
+    compensation = models.CharField(
+        max_length=16, choices=Compensation.choices, blank=True
+    )
     # The graph nodes the run stopped before (structure, not content): a
     # resume under a graph that lacks one of them is refused as version skew.
     next_nodes = models.JSONField(default=list, blank=True)

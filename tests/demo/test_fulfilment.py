@@ -62,7 +62,9 @@ def test_a_high_charge_stops_at_its_own_gate(worker):
     assert DemoStockReservation.objects.count() == 1
     assert not DemoCharge.objects.exists()
     alice, bob = (
-        api_client(make_api_key(tenant, ["approvals"], user=make_member(tenant).user)[1])
+        api_client(
+            make_api_key(tenant, ["approvals"], user=make_member(tenant).user)[1]
+        )
         for _ in range(2)
     )
     url = f"/api/v1/approvals/{request.pk}/decision"
@@ -88,4 +90,3 @@ def test_an_incomplete_order_fails_naming_what_is_missing(worker):
     assert wait_run(run_id).status == "failed"
     error = client.get(f"/api/v1/threads/ord-4/runs/{run_id}").json()["error"]
     assert "missing: items, amount" in error
-

@@ -9,7 +9,9 @@ from django.core.management import call_command
 
 from approvals.content import payload_of
 from approvals.models import ApprovalRequest
-from runs.models import Thread
+from audit.models import AuditEvent
+from demo.models import DemoCharge, DemoCourierCall, DemoStockReservation
+from runs.models import Thread, ToolCall
 from tests.docs_examples import AGENTS, examples
 from tests.durable.helpers import decide, start, state, wait_run
 from tests.factories import (
@@ -110,3 +112,35 @@ def test_migration_example_moves_a_waiting_case_to_version_2(worker, settings, c
         approved["ticket"],
         approved["deadline"],
     )
+
+
+def test_retries_example_books_on_the_third_attempt_with_one_key(worker):
+    _, client = tenant_with_client()
+    pickup = {"order": {"id": "P-1", "courier_outages": 2}}
+    assert wait_run(start(client, "doc-retries", "p-1", pickup)).status == "succeeded"
+    call = ToolCall.objects.get()
+    assert [entry["outcome"] for entry in call.attempt_log] == [
+        "failed",
+        "failed",
+        "succeeded",
+    ]
+    assert set(DemoCourierCall.objects.values_list("idempotency_key", flat=True)) == {
+        call.idempotency_key
+    }
+    assert state(client, "p-1")["booking"]["order_id"] == "P-1"
+
+
+def test_saga_example_refunds_then_releases_when_shipping_fails(worker):
+    _, client = tenant_with_client()
+    order = {
+        "id": "S-1",
+        "items": [{"sku": "MUG-1", "qty": 1}],
+        "amount": "12.00",
+        "courier_refuses": True,
+    }
+    run = wait_run(start(client, "doc-saga", "s-1", {"order": order}))
+    assert (run.status, run.compensation) == ("failed", "compensated")
+    charge, reservation = DemoCharge.objects.get(), DemoStockReservation.objects.get()
+    assert charge.refunded_at < reservation.released_at
+    undone = AuditEvent.objects.filter(thread_id="s-1", kind="tool.compensated")
+    assert [e.action for e in undone.order_by("seq")] == ["refund", "release"]

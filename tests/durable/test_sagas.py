@@ -1,0 +1,239 @@
+"""Retries, timeouts and compensation of side effects (runs.tools,
+runs.compensation), with the bundled `fulfilment` agent on a real worker."""
+
+import threading
+
+import pytest
+
+from approvals.models import ApprovalRequest
+from audit.models import AuditEvent
+from demo.models import (
+    DemoCharge,
+    DemoCourierBooking,
+    DemoCourierCall,
+    DemoStockReservation,
+)
+from gatehouse import durable
+from runs.models import Run, Thread, ToolCall
+from tests.demo.test_fulfilment import order
+from tests.durable.helpers import InProcess, start, wait_run
+from tests.factories import api_client, make_api_key, make_member, tenant_with_client
+from tests.workers import doomed_worker, wait_for
+
+
+def outcomes(call: ToolCall) -> list[str]:
+    return [entry["outcome"] for entry in call.attempt_log]
+
+
+def kinds(thread_id: str, *names: str) -> list[tuple[str, str]]:
+    return list(
+        AuditEvent.objects.filter(thread_id=thread_id, kind__in=names)
+        .order_by("seq")
+        .values_list("kind", "action")
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_a_call_that_succeeds_on_its_third_attempt_keeps_one_key(worker):
+    _, client = tenant_with_client()
+    run = wait_run(start(client, "fulfilment", "o-1", order(courier_outages=2)))
+    assert run.status == "succeeded"
+
+    call = ToolCall.objects.get(tool="courier.book")
+    assert (call.status, call.attempts) == ("succeeded", 3)
+    assert outcomes(call) == ["failed", "failed", "succeeded"]
+    assert [e.get("error_type") for e in call.attempt_log[:2]] == [
+        "CourierUnavailable"
+    ] * 2
+    # Every attempt reached the courier with the same key; one pickup exists.
+    assert list(DemoCourierCall.objects.values_list("idempotency_key", "outcome")) == [
+        (call.idempotency_key, "unavailable"),
+        (call.idempotency_key, "unavailable"),
+        (call.idempotency_key, "booked"),
+    ]
+    assert DemoCourierBooking.objects.get().idempotency_key == call.idempotency_key
+    failed = AuditEvent.objects.filter(thread_id="o-1", kind="tool_call.failed")
+    assert [e.summary for e in failed.order_by("seq")] == [
+        "courier.book attempt 1 failed (CourierUnavailable); retrying in 0.5s",
+        "courier.book attempt 2 failed (CourierUnavailable); retrying in 1s",
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_a_refused_booking_undoes_the_charge_then_the_reservation(worker):
+    _, client = tenant_with_client()
+    run_id = start(client, "fulfilment", "o-2", order(courier_refuses=True))
+    assert wait_run(run_id).status == "failed"
+
+    body = client.get(f"/api/v1/threads/o-2/runs/{run_id}").json()
+    assert body["status"] == "failed" and body["compensation"] == "compensated"
+    assert body["error"] == (
+        "ActivityFailed: courier.book failed on attempt 1, not retryable: "
+        "CourierRefused: the courier refused order ORD-1: no service\n"
+        "Compensation: undone, newest first: cards.charge, warehouse.reserve"
+    )
+    # Not retried: the refusal is not in the policy's retry_on.
+    assert outcomes(ToolCall.objects.get(tool="courier.book")) == ["failed"]
+    charge, reservation = DemoCharge.objects.get(), DemoStockReservation.objects.get()
+    assert charge.refunded_at and reservation.released_at
+    assert charge.refunded_at < reservation.released_at
+    assert client.get("/api/v1/threads/o-2").json()["status"] == "idle"
+    assert kinds("o-2", "run.compensating", "tool.compensated", "run.compensated") == [
+        ("run.compensating", ""),
+        ("tool.compensated", "refund_charge"),
+        ("tool.compensated", "release_stock"),
+        ("run.compensated", ""),
+    ]
+    summaries = AuditEvent.objects.filter(thread_id="o-2", kind="tool.compensated")
+    assert (
+        summaries.order_by("seq")
+        .first()
+        .summary.startswith("cards.charge undone by refund_charge (key ")
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_a_courier_down_past_its_retries_fails_for_good_and_compensates(worker):
+    _, client = tenant_with_client()
+    run_id = start(client, "fulfilment", "o-3", order(courier_outages=5))
+    run = wait_run(run_id)
+    assert (run.status, run.compensation) == ("failed", "compensated")
+    error = client.get(f"/api/v1/threads/o-3/runs/{run_id}").json()["error"]
+    assert error.startswith(
+        "ActivityFailed: courier.book failed after 3 attempt(s): CourierUnavailable"
+    )
+    assert DemoCourierCall.objects.count() == 3
+    assert not DemoCourierBooking.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_a_denied_charge_releases_the_reserved_stock(worker):
+    tenant, client = tenant_with_client()
+    run = wait_run(start(client, "fulfilment", "o-4", order(amount="900.00")))
+    assert run.status == "interrupted"
+    request = ApprovalRequest.objects.get()
+    reviewer = api_client(
+        make_api_key(tenant, ["approvals"], user=make_member(tenant).user)[1]
+    )
+    denied = reviewer.post(
+        f"/api/v1/approvals/{request.pk}/decision",
+        {"approved": False, "note": "The customer asked us to cancel."},
+        format="json",
+    ).json()
+    resumed = wait_run(denied["resumed_run"]["run_id"])
+    assert (resumed.status, resumed.compensation) == ("failed", "compensated")
+    assert DemoStockReservation.objects.get().released_at is not None
+    assert not DemoCharge.objects.exists()
+    # The reservation was made by the first run, undone by the resume run.
+    undo = ToolCall.objects.get(compensates__tool="warehouse.reserve")
+    assert undo.run_id == str(resumed.pk) != undo.compensates.run_id
+    assert Thread.objects.get(thread_id="o-4").status == "idle"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_a_worker_killed_mid_compensation_neither_skips_nor_repeats_an_undo(worker):
+    """The courier refuses; the worker undoing the order is SIGKILLed while
+    the warehouse answers the second undo (the release is committed there,
+    not yet in the ledger). The worker that takes the run over does not
+    refund again, releases again with the same key, and ends compensated."""
+    _, client = tenant_with_client()
+    with doomed_worker(worker, GATEHOUSE_DEMO_UNDO_LATENCY="8"):
+        run_id = start(client, "fulfilment", "o-5", order(courier_refuses=True))
+        wait_for(
+            lambda: DemoStockReservation.objects.filter(
+                released_at__isnull=False
+            ).exists(),
+            timeout=120,
+            what="the stock to be released",
+        )
+    released_at = DemoStockReservation.objects.get().released_at
+    refunded_at = DemoCharge.objects.get().refunded_at
+    run = wait_run(run_id, "failed", timeout=120)
+
+    assert (run.status, run.compensation, run.attempts) == ("failed", "compensated", 2)
+    refund = ToolCall.objects.get(compensates__tool="cards.charge")
+    release = ToolCall.objects.get(compensates__tool="warehouse.reserve")
+    assert outcomes(refund) == ["succeeded"]  # undone once, never again
+    assert outcomes(release) == ["lost", "succeeded"]  # again, with its one key
+    assert refund.pk < release.pk  # newest first: the charge, then the stock
+    assert DemoStockReservation.objects.get().released_at == released_at
+    assert DemoCharge.objects.get().refunded_at == refunded_at
+    assert kinds("o-5", "tool.compensated", "run.recovered", "run.compensated") == [
+        ("tool.compensated", "refund_charge"),
+        ("run.recovered", ""),
+        ("tool.compensated", "release_stock"),
+        ("run.compensated", ""),
+    ]
+    assert Run.objects.get(pk=run_id).status == "failed"
+
+
+# In-process: what needs no worker.
+
+
+def _never(args, result, key):
+    raise AssertionError("not called")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_attempt_past_its_timeout_is_tried_again_with_the_same_key():
+    answer = threading.Event()
+    keys = []
+
+    def perform(key):
+        keys.append(key)
+        if len(keys) == 1:
+            answer.wait(30)  # no answer in time; released below
+        return {"ok": len(keys)}
+
+    def node(state):
+        policy = durable.RetryPolicy(attempts=2, backoff=0)
+        return {
+            "result": durable.side_effect(
+                "slow.call", {}, perform, retry=policy, timeout=0.2
+            )
+        }
+
+    try:
+        values = InProcess(node).invoke({})
+    finally:
+        answer.set()
+    assert values["result"] == {"ok": 2}
+    assert keys[0] == keys[1]
+    assert outcomes(ToolCall.objects.get()) == ["timed_out", "succeeded"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_compensation_must_be_importable_by_name():
+    def node(state):
+        durable.side_effect("x.do", {}, lambda key: 1, compensate=lambda *a: None)
+        return {}
+
+    with pytest.raises(TypeError, match="cannot be imported by name"):
+        InProcess(node).invoke({})
+    assert not ToolCall.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_compensable_call_keeps_its_arguments_encrypted():
+    def node(state):
+        durable.side_effect(
+            "x.do", {"card": "4242"}, lambda key: {"id": 1}, compensate=_never
+        )
+        return {}
+
+    InProcess(node).invoke({})
+    call = ToolCall.objects.get()
+    assert call.compensation == "tests.durable.test_sagas:_never"
+    assert b"4242" not in bytes(call.args)
+
+
+def test_a_retry_policy_waits_longer_each_time_up_to_its_maximum():
+    policy = durable.RetryPolicy(attempts=5, backoff=1, multiplier=3, max_backoff=5)
+    assert [policy.wait_before(n) for n in (2, 3, 4)] == [1, 3, 5]
+    with pytest.raises(ValueError):
+        durable.RetryPolicy(attempts=0)
