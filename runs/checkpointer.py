@@ -41,7 +41,7 @@ import json
 import random
 import threading
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from types import SimpleNamespace
@@ -59,6 +59,7 @@ from langgraph.checkpoint.base import (
     ChannelVersions,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_id,
     get_serializable_checkpoint_metadata,
     writes_sort_key,
@@ -222,6 +223,57 @@ def _pg_get_tuple_statement(where: str) -> str:
     )
 
 
+# The ancestor walk of `get_delta_channel_history` in one round trip: the
+# target checkpoint and its parents, newest first, until every requested
+# channel has met a checkpoint that stores a value for it (its plaintext
+# `blob_versions` names it: a `_DeltaSnapshot` is always a blob); then the
+# walked checkpoints' writes to those channels, and each channel's nearest
+# stored value. Every lookup goes through a unique index, so the cost follows
+# the walk (at most the DeltaChannel's snapshot cadence), not the thread.
+# Which checkpoint seeds a channel is decided in Python from the decrypted
+# checkpoints: they alone are trusted, and they also hold small values inline.
+@cache
+def _pg_delta_history_statement(latest: bool) -> str:
+    tables = _read_tables()
+    target = "" if latest else "AND c.checkpoint_id = %(checkpoint_id)s "
+    return (
+        f"WITH RECURSIVE t AS (SELECT id, thread_id, wrapped_data_key, data_key_id "
+        f"FROM {tables.thread} WHERE tenant_id = %(tenant)s AND thread_id = "
+        "%(thread_id)s AND deleted_at IS NULL), "
+        "chain AS ("
+        "(SELECT c.checkpoint_id, c.parent_checkpoint_id, c.blob_versions, "
+        "c.checkpoint, 0 AS depth, '{}'::text[] AS found "
+        f"FROM {tables.checkpoint} c, t WHERE c.thread_id = t.id "
+        f"AND c.checkpoint_ns = %(ns)s {target}"
+        "ORDER BY c.checkpoint_id DESC LIMIT 1) "
+        "UNION ALL "
+        "SELECT c.checkpoint_id, c.parent_checkpoint_id, c.blob_versions, "
+        "c.checkpoint, chain.depth + 1, chain.found || ARRAY(SELECT ch FROM "
+        "unnest(%(channels)s::text[]) AS ch WHERE c.blob_versions ? ch) "
+        f"FROM chain, t, {tables.checkpoint} c WHERE c.thread_id = t.id "
+        "AND c.checkpoint_ns = %(ns)s AND c.checkpoint_id = chain.parent_checkpoint_id "
+        "AND NOT chain.found @> %(channels)s::text[]), "
+        "seeds AS (SELECT DISTINCT ON (ch) ch, chain.blob_versions ->> ch AS version "
+        "FROM chain, unnest(%(channels)s::text[]) AS ch WHERE chain.depth > 0 "
+        "AND chain.blob_versions ? ch ORDER BY ch, chain.depth) "
+        # kind, depth, checkpoint id, channel, task id, idx, task path or
+        # parent or version, value
+        "SELECT 't', 0, t.thread_id, t.data_key_id, NULL, t.id, NULL, "
+        "t.wrapped_data_key FROM t "
+        "UNION ALL SELECT 'c', depth, checkpoint_id, NULL, NULL, NULL, "
+        "parent_checkpoint_id, checkpoint FROM chain "
+        "UNION ALL SELECT 'w', chain.depth, w.checkpoint_id, w.channel, w.task_id, "
+        f"w.idx, w.task_path, w.value FROM chain, t, {tables.write} w "
+        "WHERE chain.depth > 0 AND w.thread_id = t.id AND w.checkpoint_ns = %(ns)s "
+        "AND w.checkpoint_id = chain.checkpoint_id "
+        "AND w.channel = ANY(%(channels)s::text[]) "
+        "UNION ALL SELECT 'b', 0, NULL, seeds.ch, NULL, NULL, seeds.version, b.value "
+        "FROM seeds, t CROSS JOIN LATERAL (SELECT value FROM "
+        f"{tables.blob} WHERE thread_id = t.id AND checkpoint_ns = %(ns)s AND "
+        "channel = seeds.ch AND version = seeds.version LIMIT 1) AS b"
+    )
+
+
 @cache
 def _read_tables() -> SimpleNamespace:
     return SimpleNamespace(
@@ -313,6 +365,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self._written_threads: dict[str, tuple[int, ThreadCipher]] = {}
         # The pks of the threads this saver created.
         self._created_threads: set[int] = set()
+        # The pks of the threads it knows are marked `uses_delta_channels`.
+        self._delta_threads: set[int] = set()
 
     def with_allowlist(self, extra_allowlist: Iterable[tuple[str, ...]]) -> DjangoSaver:
         """LangGraph's hook for the types a graph's state declares."""
@@ -332,6 +386,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone.tenant = tenant
         clone._written_threads = {}
         clone._created_threads = set()
+        clone._delta_threads = set()
         return clone
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
@@ -454,10 +509,15 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         return row, True
 
     def _mark_delta(self, thread: _LiveThread) -> None:
-        if not thread.uses_delta_channels:
-            Thread.objects.using(self.using).filter(pk=thread.pk).update(
-                uses_delta_channels=True
-            )
+        if thread.uses_delta_channels:
+            self._delta_threads.add(thread.pk)
+            return
+        Thread.objects.using(self.using).filter(pk=thread.pk).update(
+            uses_delta_channels=True
+        )
+        transaction.on_commit(
+            lambda: self._delta_threads.add(thread.pk), using=self.using
+        )
 
     # --- writes -------------------------------------------------------------------
     #
@@ -521,7 +581,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         if not (
             known is not None
             and self._on_postgres
-            and not plan.uses_delta
+            # The first delta checkpoint marks its thread (prune and migrate
+            # refuse such threads): that takes the transactional path, once.
+            and (not plan.uses_delta or known[0] in self._delta_threads)
             and self._put_in_one_statement(*known, plan)
         ):
             self._put_in_transaction(thread_id, plan)
@@ -768,6 +830,132 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             ]
             return self._decrypt_tuple(row, blobs, writes)
         return self._get_tuple_in_steps(where, params)
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """The writes and nearest stored value of DeltaChannels, in one query.
+
+        LangGraph's default walks the parent chain one `get_tuple` at a time,
+        loading every blob and write of every ancestor; here one statement
+        walks it (`_pg_delta_history_statement`) and returns only the walked
+        checkpoints, their writes to `channels` and each channel's seed blob.
+        Other databases (SQLite, the embedded mode) take LangGraph's walk.
+        """
+        channels = list(dict.fromkeys(channels))
+        if not channels:
+            return {}
+        if not self._on_postgres:
+            return super().get_delta_channel_history(config=config, channels=channels)
+        _bind_thread_connection(self.using)
+        configurable = config["configurable"]
+        ns = configurable.get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        params = {
+            "tenant": self.tenant.pk,
+            "thread_id": str(configurable["thread_id"]),
+            "ns": ns,
+            "checkpoint_id": checkpoint_id,
+            "channels": channels,
+        }
+        (rows,) = self._query(
+            [(_pg_delta_history_statement(not checkpoint_id), params)]
+        )
+        thread = next((r for r in rows if r[0] == "t"), None)
+        if thread is None:
+            return {ch: {"writes": []} for ch in channels}
+        _, _, thread_id, key_id, _, thread_pk, _, wrapped = thread
+        cipher = self._cipher(
+            SimpleNamespace(
+                thread_pk=thread_pk, thread_id=thread_id, wrapped=wrapped, key_id=key_id
+            )
+        )
+        chain = sorted((r for r in rows if r[0] == "c"), key=lambda r: r[1])
+        seed_depth, seeds = self._delta_seeds(cipher, ns, chain, rows, channels)
+        writes: dict[str, list[tuple]] = {ch: [] for ch in channels}
+        for kind, depth, cid, channel, task_id, idx, task_path, value in rows:
+            if kind == "w" and depth <= seed_depth.get(channel, depth):
+                writes[channel].append((depth, cid, task_id, idx, task_path, value))
+        history: dict[str, DeltaChannelHistory] = {}
+        for ch in channels:
+            # Oldest checkpoint first; inside one, the order live execution
+            # applied its tasks' writes in (writes_sort_key).
+            ordered = sorted(
+                writes[ch],
+                key=lambda w: (-w[0], writes_sort_key(w[4], w[2], w[3])),
+            )
+            entry: DeltaChannelHistory = {
+                "writes": [
+                    (
+                        task_id,
+                        ch,
+                        cipher.decrypt_value(
+                            value,
+                            row=_write_row(ns, cid, task_id, idx, ch, task_path),
+                            serializer=self.serde,
+                        ),
+                    )
+                    for _, cid, task_id, idx, task_path, value in ordered
+                ]
+            }
+            if ch in seeds:
+                entry["seed"] = seeds[ch]
+            history[ch] = entry
+        return history
+
+    def _delta_seeds(
+        self,
+        cipher: ThreadCipher,
+        ns: str,
+        chain: list[tuple],
+        rows: list[tuple],
+        channels: list[str],
+    ) -> tuple[dict[str, int], dict[str, Any]]:
+        """Each channel's nearest stored value on the walked chain, and its depth.
+
+        Read from the decrypted checkpoints, never from the plaintext map that
+        steered the walk: an inline value counts, and a blob is decrypted under
+        the version the checkpoint itself names.
+        """
+        blobs = {r[3]: (r[6], r[7]) for r in rows if r[0] == "b"}
+        depth_of: dict[str, int] = {}
+        seeds: dict[str, Any] = {}
+        remaining = set(channels)
+        for _, depth, cid, _, _, _, _, stored in chain:
+            if depth == 0:
+                continue
+            body = cipher.decrypt_value(
+                stored, row=("checkpoint", ns, cid), serializer=self.serde
+            )
+            for ch in list(remaining):
+                if ch in body["channel_values"]:
+                    seeds[ch] = body["channel_values"][ch]
+                elif ch in body["blob_channels"]:
+                    version = str(body["channel_versions"][ch])
+                    found_version, value = blobs.get(ch, (None, None))
+                    if found_version != version:
+                        raise crypto.TamperedCiphertext(
+                            f"checkpoint {cid} needs channel {ch!r} at version "
+                            f"{version}, which the store did not return"
+                        )
+                    seeds[ch] = cipher.decrypt_value(
+                        value, row=("blob", ns, ch, version), serializer=self.serde
+                    )
+                else:
+                    continue
+                depth_of[ch] = depth
+                remaining.discard(ch)
+            if not remaining:
+                break
+        else:
+            if remaining and chain and chain[-1][6]:
+                # The walk stopped before the root without finding every seed:
+                # the plaintext map claimed a blob the checkpoint does not use.
+                raise crypto.TamperedCiphertext(
+                    f"the ancestors of checkpoint {chain[0][2]} do not match "
+                    "their stored blob versions"
+                )
+        return depth_of, seeds
 
     def _get_tuple_in_steps(self, where: str, params: tuple) -> CheckpointTuple | None:
         """The portable way: the checkpoint and its writes, then its blobs."""
@@ -1299,6 +1487,13 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await sync_to_async(self.get_tuple)(config)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await sync_to_async(self.get_delta_channel_history)(
+            config=config, channels=channels
+        )
 
     async def alist(
         self,

@@ -219,7 +219,7 @@ _AAD_PREFIX = "gatehouse"
 _WRAP_AAD_PREFIX = "gatehouse-data-key"
 # Values larger than this are compressed before encryption: ciphertext does
 # not compress, so the database's own compression no longer helps.
-COMPRESS_MIN_BYTES = 1024
+COMPRESS_MIN_BYTES = 256
 # Flags in the encoding byte, above the serde type code; 0x80 is reserved.
 _ZSTD = 0x40
 _CODEC_BITS = 0x80 | _ZSTD
