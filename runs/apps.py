@@ -27,10 +27,14 @@ class RunsConfig(AppConfig):
             admin_logins,
             tasks,  # noqa: F401  registers the tasks runs.dispatch sends
         )
-        from runs.api import schema  # noqa: F401  registers the auth scheme
+        from runs.api import (
+            key_cache,
+            schema,  # noqa: F401  registers the auth scheme
+        )
 
         setting_changed.connect(_forget_cached_settings)
         admin_logins.connect_lockout_audit()
+        key_cache.connect()
         # Fail at start-up, not at the first use, when a key ring or the agent
         # registry is misconfigured.
         crypto.keyring()

@@ -9,6 +9,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.throttling import SimpleRateThrottle
 
+from runs.api import key_cache
 from runs.models import ApiKey
 
 # last_used_at is a hint for operators, not an access log; writing it on every
@@ -56,14 +57,17 @@ class AuthenticationFailures(SimpleRateThrottle):
             "ident": self.get_ident(request),
         }
 
-    def wait_before_trying(self, request) -> float | None:
-        """Seconds the address must wait, or None when it may try."""
+    def wait_before_trying(self, request) -> tuple[float | None, str | None]:
+        """Seconds the address must wait (None when it may try), and the access
+        epoch of `runs.api.key_cache`, read in the same round trip."""
         self.key = self.get_cache_key(request)
         self.now = self.timer()
+        values, epoch = key_cache.read([self.key])
         self.history = [
-            at for at in self.cache.get(self.key, []) if at > self.now - self.duration
+            at for at in values.get(self.key, []) if at > self.now - self.duration
         ]
-        return self.wait() if len(self.history) >= self.num_requests else None
+        wait = self.wait() if len(self.history) >= self.num_requests else None
+        return wait, epoch
 
     def record_failure(self) -> None:
         self.history.insert(0, self.now)
@@ -88,7 +92,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         """The key whose secret this is; the same 401 for any bad one, and a
         429 for an address that failed too often."""
         failures = AuthenticationFailures()
-        wait = failures.wait_before_trying(request)
+        wait, epoch = failures.wait_before_trying(request)
         if wait is not None:
             raise exceptions.Throttled(
                 wait, detail="Too many failed authentications from this address."
@@ -97,9 +101,30 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not dot or not prefix:
             failures.record_failure()
             raise exceptions.AuthenticationFailed("Malformed API key.")
+        api_key = key_cache.find(prefix, ApiKey.hash_secret(secret), epoch)
+        if api_key is None:
+            api_key = self._verified(prefix, secret)
+            if api_key is None:
+                failures.record_failure()
+                raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
+            key_cache.keep(api_key, epoch)
+        now = timezone.now()
+        if (
+            api_key.last_used_at is None
+            or now - api_key.last_used_at > LAST_USED_RESOLUTION
+        ):
+            ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+            key_cache.touched(api_key.prefix, now)
+        return ApiKeyUser(api_key), api_key
+
+    @staticmethod
+    def _verified(prefix: str, secret: str) -> ApiKey | None:
+        """The key from the database, if this is its secret and it may act.
+
+        None alike for unknown, wrong and revoked keys: a caller learns nothing
+        about which prefixes exist.
+        """
         api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
-        # The same message for unknown, wrong and revoked keys: a caller learns
-        # nothing about which prefixes exist.
         if (
             api_key is None
             or not api_key.matches(secret)
@@ -107,15 +132,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             # A personal key lives only as long as its owner's membership.
             or (api_key.is_personal and api_key.owner_membership is None)
         ):
-            failures.record_failure()
-            raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
-        now = timezone.now()
-        if (
-            api_key.last_used_at is None
-            or now - api_key.last_used_at > LAST_USED_RESOLUTION
-        ):
-            ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
-        return ApiKeyUser(api_key), api_key
+            return None
+        return api_key
 
     def authenticate_header(self, request) -> str:
         return self.keyword

@@ -1,0 +1,111 @@
+"""What the web tier keeps in a shared cache (Redis): the request budget in one
+round trip, and verified API keys, revoked at once in every process."""
+
+import uuid
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from audit.services import Actor
+from runs import services
+from runs.api import key_cache
+from runs.models import ApiKey, Membership
+from tests.factories import (
+    api_client,
+    make_api_key,
+    make_member,
+    make_tenant,
+    tenant_with_client,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def redis_cache(settings):
+    """The suite's Redis as the cache, under a prefix of this test's own."""
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": django_settings.CELERY_BROKER_URL,
+            "KEY_PREFIX": f"test-{uuid.uuid4().hex}",
+        }
+    }
+    key_cache.new_epoch()
+    yield
+    key_cache.new_epoch()
+
+
+def _key_queries(queries) -> list[str]:
+    return [q["sql"] for q in queries if '"runs_apikey"' in q["sql"].split("WHERE")[0]]
+
+
+def test_throttle_counts_in_redis(redis_cache, settings):
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {"principal": "3/minute"},
+    }
+    _, client = tenant_with_client()
+    statuses = [client.get("/api/v1/agents").status_code for _ in range(4)]
+    assert statuses == [200, 200, 200, 429]
+    refused = client.get("/api/v1/agents")
+    assert refused.json()["code"] == "throttled"
+    assert 0 < int(refused["Retry-After"]) <= 60
+    _, other = tenant_with_client()
+    assert other.get("/api/v1/agents").status_code == 200
+
+
+def test_a_verified_key_is_not_read_again(redis_cache):
+    _, client = tenant_with_client()
+    with CaptureQueriesContext(connection) as first:
+        assert client.get("/api/v1/agents").status_code == 200
+    with CaptureQueriesContext(connection) as second:
+        assert client.get("/api/v1/agents").status_code == 200
+    assert len(_key_queries(first.captured_queries)) >= 1
+    assert _key_queries(second.captured_queries) == []
+
+
+def test_a_wrong_secret_for_a_kept_key_is_refused(redis_cache):
+    tenant = make_tenant()
+    api_key, secret = make_api_key(tenant)
+    assert api_client(secret).get("/api/v1/agents").status_code == 200
+    wrong = api_client(f"{api_key.prefix}.{'x' * 40}")
+    assert wrong.get("/api/v1/agents").status_code == 401
+
+
+def test_revocation_is_immediate(redis_cache):
+    tenant = make_tenant()
+    api_key, secret = make_api_key(tenant)
+    client = api_client(secret)
+    assert client.get("/api/v1/agents").status_code == 200
+    services.api_key_revoke(api_key=api_key, actor=Actor.system("tests"))
+    assert client.get("/api/v1/agents").status_code == 401
+
+
+def test_another_process_changing_access_is_seen_at_the_next_request(redis_cache):
+    """What another process does: change the row, then replace the epoch in
+    Redis (its signal handler). This process's kept key is not used again."""
+    tenant = make_tenant()
+    api_key, secret = make_api_key(tenant)
+    client = api_client(secret)
+    assert client.get("/api/v1/agents").status_code == 200
+    # No signal here: this process's own kept keys stay as they were.
+    ApiKey.objects.filter(pk=api_key.pk).update(revoked_at="2026-01-01T00:00Z")
+    assert client.get("/api/v1/agents").status_code == 200
+    from django.core.cache import cache
+
+    cache.set(key_cache.EPOCH_KEY, uuid.uuid4().hex)
+    assert client.get("/api/v1/agents").status_code == 401
+
+
+def test_a_personal_key_goes_with_its_owners_membership(redis_cache):
+    membership = make_member(make_tenant(), role="reviewer")
+    _, secret = make_api_key(
+        membership.tenant, scopes=["approvals"], user=membership.user
+    )
+    client = api_client(secret)
+    assert client.get("/api/v1/approvals").status_code == 200
+    Membership.objects.get(pk=membership.pk).delete()
+    assert client.get("/api/v1/approvals").status_code == 401
