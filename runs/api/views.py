@@ -199,10 +199,14 @@ class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
 class RunDetailView(TenantThreadMixin, APIView):
     @extend_schema(responses=RunSerializer, summary="A run")
     def get(self, request, thread_id, run_id):
-        thread = self.get_thread()
+        # The run with its thread in one query: clients poll this.
         run = generics.get_object_or_404(
-            Run.objects.filter(thread=thread).select_related("thread"), pk=run_id
+            Run.objects.for_tenant(request.principal.tenant)
+            .filter(thread__thread_id=thread_id, thread__deleted_at__isnull=True)
+            .select_related("thread__tenant"),
+            pk=run_id,
         )
+        thread = run.thread
         services.run_errors_read(thread=thread, runs=[run], actor=actor_for(request))
         return Response(RunSerializer(run).data)
 

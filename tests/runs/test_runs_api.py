@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from retention.models import DeletionRequest
@@ -372,3 +373,26 @@ def test_a_bad_list_filter_names_the_parameter_and_the_values_allowed():
     assert body["fields"] == {
         "status": ["must be one of idle, running, interrupted, error"]
     }
+
+
+def test_a_run_is_found_only_through_its_live_thread_of_the_callers_tenant():
+    tenant_a, client_a = tenant_with_client()
+    _, client_b = tenant_with_client()
+    for thread_id in ("t1", "t2"):
+        client_a.post(
+            "/api/v1/threads",
+            {"thread_id": thread_id, "agent": "refund"},
+            format="json",
+        )
+    thread = Thread.objects.get(tenant=tenant_a, thread_id="t1")
+    run = Run.objects.create(
+        tenant=tenant_a, thread=thread, agent_version=thread.agent_version
+    )
+    assert client_a.get(f"/api/v1/threads/t1/runs/{run.pk}").status_code == 200
+    for client, path in [
+        (client_b, f"/api/v1/threads/t1/runs/{run.pk}"),  # another tenant
+        (client_a, f"/api/v1/threads/t2/runs/{run.pk}"),  # another thread
+    ]:
+        assert_error(client.get(path), 404, "not_found")
+    Thread.objects.filter(pk=thread.pk).update(deleted_at=timezone.now())
+    assert_error(client_a.get(f"/api/v1/threads/t1/runs/{run.pk}"), 404, "not_found")
