@@ -23,6 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
+from django.db.models import Q, Subquery
 from django.utils import timezone
 from langgraph.types import Command
 
@@ -128,16 +129,15 @@ class Heartbeat(threading.Thread):
 def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
     """Take the run if it is this worker's to execute; None otherwise."""
     with transaction.atomic():
-        thread_pk = (
-            Run.objects.filter(pk=run_id).values_list("thread_id", flat=True).first()
-        )
-        if thread_pk is None:
-            return None
-        # Lock order everywhere: thread, then its runs.
+        # Lock order everywhere: thread, then its runs. The run's thread is
+        # found inside the locking query: one round trip.
         thread = (
             Thread.objects.select_related("tenant")
             .select_for_update(of=("self",))
-            .filter(pk=thread_pk, deleted_at__isnull=True)
+            .filter(
+                pk=Subquery(Run.objects.filter(pk=run_id).values("thread_id")[:1]),
+                deleted_at__isnull=True,
+            )
             .first()
         )
         if thread is None:
@@ -154,15 +154,15 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
                 return None
             recovered_from = run.lease_owner
         elif run.status == Run.Status.QUEUED:
-            ahead = (
-                Run.objects.filter(thread=thread, status__in=Run.ACTIVE)
+            waits = (
+                Run.objects.filter(thread=thread)
                 .exclude(pk=run.pk)
-                .filter(created_at__lte=run.created_at)
+                .filter(
+                    Q(status__in=Run.ACTIVE, created_at__lte=run.created_at)
+                    | Q(status=Run.Status.RUNNING)
+                )
             )
-            if (
-                ahead.exists()
-                or Run.objects.filter(thread=thread, status=Run.Status.RUNNING).exists()
-            ):
+            if waits.exists():
                 return None  # runs of a thread execute one at a time, in order
             if (
                 run.kind != Run.Kind.RESUME
