@@ -691,6 +691,15 @@ Reading these figures:
   3.5-fold. For small states DjangoSaver's fixed cost per checkpoint (the
   AES-GCM nonce and tag of each value, surrogate keys) makes it a few hundred
   bytes larger than PostgresSaver.
+- The chat thread: with a `DeltaChannel` a step stores its one message once
+  (a pending write, compressed and encrypted), and a snapshot of the whole
+  list every 100 updates; what remains per step is structure: the checkpoint
+  row (its ids, the encrypted versions map and metadata) and one pending-write
+  row per write (the message, the conditional edge's branch), each with its
+  index entry, about 2.3 KB a step here, as PostgresSaver's rows take about
+  2.7 KB. Under 0.2 MB for 200 steps would take under 1 KB a step, that is
+  storing a task's writes in one row and a leaner checkpoint row: a change of
+  the tables, not of the channel.
 """
 
 
