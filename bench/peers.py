@@ -496,9 +496,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--wait",
         choices=("poll", "join"),
-        default="poll",
-        help="how the Gatehouse client learns a run stopped: poll its status, "
-        "or the Agent Protocol's runs/join (once /langgraph/ exists)",
+        default="join",
+        help="how the Gatehouse client learns a run stopped: the Agent "
+        "Protocol's runs/join, which answers when the run stops (as DBOS's "
+        "client waits on get_result), or poll its status",
     )
     parser.add_argument(
         "--poll-interval",

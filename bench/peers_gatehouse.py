@@ -11,8 +11,10 @@ How it learns that a run stopped or finished is the `waiter`:
 
 - `poll`: GET /api/v1/threads/{id}/runs/{run} every `interval` seconds until
   the run reaches the state waited for (what a client must do on this API);
-- `join`: the Agent Protocol's GET /langgraph/threads/{id}/runs/{run}/join,
-  which answers once the run has finished (when that API exists on main).
+- `join` (the default): the Agent Protocol's GET
+  /langgraph/threads/{id}/runs/{run}/join, which answers once the run has
+  stopped (the web process waits on the run's Redis stream, no polling), then
+  one status GET to learn how it stopped.
 """
 
 from __future__ import annotations
