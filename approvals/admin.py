@@ -14,9 +14,11 @@ from __future__ import annotations
 import uuid
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db.models import prefetch_related_objects
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -24,10 +26,11 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from approvals import cards, dashboard, selectors, services
+from approvals import cards, dashboard, outcome, queue, selectors, services
 from approvals.edits import InvalidArgs, value_text
 from approvals.forms import AssignForm, DecisionForm, EditedArgsForm
 from approvals.models import PENDING_FIRST, ApprovalRequest
+from audit.export import CONTENT_TYPES, ExportResponse
 from runs import permissions
 from runs.admin_scoping import (
     ScopedTenantFilter,
@@ -78,13 +81,85 @@ class AssignedFilter(admin.SimpleListFilter):
         return queryset
 
 
+class ReviewerFilter(admin.SimpleListFilter):
+    """Requests a person (or a service key) decided; with the decision filter,
+    what they decided."""
+
+    title = "decided by"
+    parameter_name = "reviewer"
+
+    def lookups(self, request, model_admin):
+        tenants = _tenant_ids(request, permissions.VIEW_APPROVALS)
+        return queue.reviewer_choices(
+            None if tenants is dashboard.ALL_TENANTS else tenants
+        )
+
+    def queryset(self, request, queryset):
+        return _decided(request, queryset)
+
+
+class DecisionFilter(admin.SimpleListFilter):
+    title = "decision"
+    parameter_name = "decision"
+
+    def lookups(self, request, model_admin):
+        return [(key, label) for key, (label, _) in queue.VERDICTS.items()] + [
+            (queue.UNDECIDED, "No decision yet")
+        ]
+
+    def queryset(self, request, queryset):
+        return _decided(request, queryset)
+
+
+def _decided(request, queryset):
+    # Both filters apply the one condition, so "decided by rita" and "denied"
+    # together mean rita denied (applying it twice changes nothing).
+    return queue.filter_decided(
+        queryset,
+        reviewer=request.GET.get(ReviewerFilter.parameter_name, ""),
+        verdict=request.GET.get(DecisionFilter.parameter_name, ""),
+    )
+
+
 class QueueChangeList(ChangeList):
-    """Decrypts the payloads of the page's rows only, after they are fetched."""
+    """Decrypts the payloads of the page's rows only, after they are fetched,
+    and reads their decisions in one query."""
 
     def get_results(self, request):
         super().get_results(request)
         self.result_list = list(self.result_list)
+        prefetch_related_objects(self.result_list, "decisions")
         cards.attach_payloads(self.result_list)
+
+
+def _links(user, approval) -> dict[str, str]:
+    """Where a request leads: its thread, the run that asked, and (for the
+    roles that read the audit trail) the thread's audit timeline."""
+    links = {
+        "thread_url": reverse("admin:runs_thread_change", args=[approval.thread_id]),
+        "run_url": reverse("admin:runs_run_change", args=[approval.run_id]),
+        "timeline_url": "",
+    }
+    if user_can(user, permissions.READ_AUDIT, approval.tenant_id):
+        links["timeline_url"] = reverse(
+            "admin:audit_auditevent_timeline",
+            args=[approval.tenant_id, approval.thread.thread_id],
+        )
+    return links
+
+
+def _form_errors(*forms) -> list[str]:
+    """Every error of the page's forms, for the top of the page: a reviewer
+    must not have to scroll to learn that nothing was decided."""
+    return [
+        f"{form.fields[name].label or name}: {message}"
+        if name != "__all__" and name in form.fields
+        else message
+        for form in forms
+        if form is not None and form.is_bound
+        for name, messages_ in form.errors.items()
+        for message in messages_
+    ]
 
 
 def _error_text(exc: Exception) -> str:
@@ -102,13 +177,14 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         "action",
         "args_line",
         "risk_label",
-        "gate",
+        "status",
+        "escalation",
+        "assigned",
         "thread_link",
         "age",
         "time_left",
-        "escalation",
-        "status",
-        "assigned",
+        "decided_by",
+        "decided_at_text",
         "tenant",
     ]
     list_display_links = ["action"]
@@ -116,15 +192,21 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
     ordering = [PENDING_FIRST.asc(), "due_at"]
     list_filter = [
         "status",
+        DecisionFilter,
+        ReviewerFilter,
         "risk",
         "gate",
         EscalatedFilter,
         AssignedFilter,
         ScopedTenantFilter,
     ]
-    # Exact thread ids (a client's case id); actions by substring.
-    search_fields = ["=thread__thread_id", "action"]
-    search_help_text = "An exact thread id, or part of an action's name."
+    # Exact thread ids (a client's case id); actions and the arguments an
+    # agent declares safe to show (an order id) by substring.
+    search_fields = ["=thread__thread_id", "action", "safe_args"]
+    search_help_text = (
+        "An exact thread id, part of an action's name, or an argument the agent "
+        "shows in clear (an order id, an amount)."
+    )
     list_select_related = ["tenant", "thread", "assignment__assignee"]
     list_per_page = 50
     show_full_result_count = False
@@ -153,11 +235,38 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         return shown
 
     def changelist_view(self, request, extra_context=None):
+        # The queue is the pending requests; any other list is a record of
+        # requests, decided ones among them.
+        pending_only = request.GET.get("status__exact") == "pending"
         extra_context = {
-            "title": "Queue: requests waiting on a human",
+            "title": (
+                "Queue: requests waiting on a human"
+                if pending_only
+                else "Approval requests"
+            ),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra_context)
+
+    def export_view(self, request):
+        """The list as filtered and searched on the page, as CSV."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            return HttpResponseRedirect(
+                reverse("admin:approvals_approvalrequest_changelist") + "?e=1"
+            )
+        response = ExportResponse(
+            queue.csv_chunks(changelist.get_queryset(request)),
+            content_type=CONTENT_TYPES["csv"],
+        )
+        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+        response["Content-Disposition"] = (
+            f'attachment; filename="approval-requests-{stamp}.csv"'
+        )
+        return response
 
     def get_changelist(self, request, **kwargs):
         return QueueChangeList
@@ -209,6 +318,14 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         assignment = getattr(obj, "assignment", None)
         return assignment.assignee.get_username() if assignment else "—"
 
+    @admin.display(description="decided by")
+    def decided_by(self, obj):
+        return queue.deciders_text(obj.decisions.all()) or "—"
+
+    @admin.display(description="decided at", ordering="decided_at")
+    def decided_at_text(self, obj):
+        return cards.time_text(obj.decided_at) or "—"
+
     # --- URLs ------------------------------------------------------------------------
 
     def get_urls(self):
@@ -216,6 +333,11 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         name = "approvals_approvalrequest"
         return [
             path("dashboard/", wrap(self.dashboard_view), name="approvals_dashboard"),
+            path(
+                "export.csv",
+                wrap(self.export_view),
+                name="approvals_approvalrequest_export",
+            ),
             path(
                 "<uuid:object_id>/decide/",
                 wrap(require_POST(self.decide_view)),
@@ -287,7 +409,10 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         status: int = 200,
     ):
         user = request.user
-        deciding = opening is not None and approval.is_pending
+        already_approved = f"user:{user.pk}" in card.get("approved_by", [])
+        # A reviewer whose approval counts already waits for a second one:
+        # they are not offered Approve again (the service refuses it anyway).
+        deciding = opening is not None and approval.is_pending and not already_approved
         if deciding:
             initial = {"opening": opening.pk}
             decision_form = decision_form or DecisionForm(initial=initial)
@@ -299,7 +424,6 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         managing = approval.is_pending and user_can(
             user, permissions.MANAGE_QUEUE, approval.tenant_id
         )
-        already_approved = f"user:{user.pk}" in card.get("approved_by", [])
         edits = {edit["arg"]: edit for edit in card.get("edits", [])}
         context = {
             **self.admin_site.each_context(request),
@@ -318,7 +442,8 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             "decision_form": decision_form,
             "edit_form": edit_form,
             "error": error,
-            "already_approved": already_approved,
+            "form_errors": _form_errors(decision_form, edit_form),
+            "already_approved": already_approved and approval.is_pending,
             "first_approver": next(
                 (d for d in card["decisions"] if d.get("counts", d["approved"])),
                 None,
@@ -330,10 +455,9 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
                 else None
             ),
             "decided": cards.decisions_with_cards(approval),
-            "thread_url": reverse(
-                "admin:runs_thread_change", args=[approval.thread_id]
-            ),
+            "aftermath": outcome.aftermath(approval=approval, user=user),
             "changelist_url": reverse("admin:approvals_approvalrequest_changelist"),
+            **_links(user, approval),
         }
         return TemplateResponse(request, CARD_TEMPLATE, context, status=status)
 

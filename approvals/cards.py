@@ -28,6 +28,7 @@ from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
 from runs.errors import VersionSkew
 from runs.selectors import jsonable
 from runs.services import thread_state
+from runs.timezones import moment_text
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +58,36 @@ def duration_text(delta: datetime.timedelta) -> str:
 
 
 def time_text(moment: datetime.datetime | None) -> str:
-    if moment is None:
-        return ""
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    """A time as the admin writes it: in the reader's zone, to the second."""
+    return moment_text(moment)
+
+
+def readable_text(value: Any) -> str:
+    """A value as a person reads it, not as JSON: a mapping one "key: value"
+    line per key (nested ones as `key=value, …`), a list one line per item.
+    Text that holds a JSON object or list (a message an agent built with
+    json.dumps) is read the same way; other text stays as it is."""
+    if isinstance(value, str):
+        stripped = value.strip()
+        if not stripped.startswith(("{", "[")):
+            return value
+        try:
+            value = json.loads(stripped)
+        except ValueError:
+            return value
+    if isinstance(value, dict):
+        return "\n".join(f"{key}: {_inline(item)}" for key, item in value.items())
+    if isinstance(value, list):
+        return "\n".join(f"- {_inline(item)}" for item in value)
+    return value_text(value)
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={_inline(item)}" for key, item in value.items())
+    if isinstance(value, list):
+        return ", ".join(_inline(item) for item in value)
+    return value_text(value)
 
 
 def args_summary(args: dict[str, Any], limit: int = SUMMARY_CHARS) -> str:
@@ -105,9 +133,8 @@ def card_hash(card: dict[str, Any]) -> str:
 
 def _message_entry(message: Any) -> dict[str, Any]:
     if not isinstance(message, dict):
-        return {"role": "message", "text": value_text(message)[:CONTEXT_TEXT_CHARS]}
-    content = message.get("content")
-    text = content if isinstance(content, str) else value_text(content)
+        return {"role": "message", "text": readable_text(message)[:CONTEXT_TEXT_CHARS]}
+    text = readable_text(message.get("content"))
     calls = [
         f"{call.get('name')}({args_summary(call.get('args') or {}, 200)})"
         for call in message.get("tool_calls") or []
@@ -120,15 +147,27 @@ def _message_entry(message: Any) -> dict[str, Any]:
     }
 
 
-def context_of(snapshot) -> dict[str, Any]:
+def _checkpoint_time(value: Any) -> str:
+    """LangGraph gives a checkpoint's time as ISO 8601 text."""
+    if isinstance(value, str) and value:
+        try:
+            value = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    return time_text(value) if isinstance(value, datetime.datetime) else ""
+
+
+def context_of(snapshot, shown: list[Any] = ()) -> dict[str, Any]:
     """The thread's recent context from a state snapshot: the last messages
-    and the plan; other state only when it has neither."""
+    and the plan; other state only when it has neither. Entries of the plan
+    equal to a value in `shown` (what the card shows already: the action, its
+    arguments, the reason) are left out rather than said twice."""
     values = jsonable(snapshot.values or {})
     metadata = snapshot.metadata or {}
     context: dict[str, Any] = {
         "checkpoint_id": snapshot.config["configurable"]["checkpoint_id"],
         "step": metadata.get("step"),
-        "created_at": str(snapshot.created_at or ""),
+        "created_at": _checkpoint_time(snapshot.created_at),
         "messages": [],
         "plan": None,
         "other": None,
@@ -139,15 +178,19 @@ def context_of(snapshot) -> dict[str, Any]:
             _message_entry(message) for message in messages[-CONTEXT_MESSAGES:]
         ]
         context["earlier_messages"] = max(len(messages) - CONTEXT_MESSAGES, 0)
-    if values.get("plan") is not None:
-        context["plan"] = json.dumps(values["plan"], indent=2, ensure_ascii=False)
+    plan = values.get("plan")
+    if isinstance(plan, dict):
+        plan = {key: value for key, value in plan.items() if value not in shown}
+    if plan:
+        context["plan"] = readable_text(plan)
     if not context["messages"] and context["plan"] is None:
-        other = json.dumps(values, indent=2, sort_keys=True, ensure_ascii=False)
-        context["other"] = other[:CONTEXT_TEXT_CHARS]
+        context["other"] = readable_text(values)[:CONTEXT_TEXT_CHARS]
     return context
 
 
-def _thread_context(approval: ApprovalRequest, user) -> dict[str, Any]:
+def _thread_context(
+    approval: ApprovalRequest, user, shown: list[Any]
+) -> dict[str, Any]:
     try:
         snapshot = thread_state(thread=approval.thread, actor=Actor.user(user))
     except ThreadDeleted:
@@ -156,7 +199,7 @@ def _thread_context(approval: ApprovalRequest, user) -> dict[str, Any]:
         return {"unavailable": str(exc.detail)}
     if snapshot is None:
         return {"unavailable": "the thread has no checkpoint yet"}
-    return context_of(snapshot)
+    return context_of(snapshot, shown)
 
 
 def _decision_entry(decision: Decision, cipher: ThreadCipher) -> dict[str, Any]:
@@ -245,7 +288,11 @@ def card_fields(
         ),
         "escalation_level": approval.escalation_level,
         "assigned_to": assignment.assignee.get_username() if assignment else "",
-        "context": _thread_context(approval, user),
+        "context": _thread_context(
+            approval,
+            user,
+            shown=[payload["action"], jsonable(payload["args"]), payload["reason"]],
+        ),
         "thread_decisions": thread_decisions,
         "rendered_at": time_text(now),
     }

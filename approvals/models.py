@@ -83,12 +83,17 @@ class ApprovalRequest(models.Model):
     escalation_level = models.PositiveSmallIntegerField(default=0)
     escalated_at = models.DateTimeField(null=True, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
+    # The arguments the agent declares safe to show ("order_id=A-1001
+    # amount=40.00"), in clear as in the audit trail, so that the queue can
+    # find a request by its order id without decrypting every payload.
+    safe_args = models.CharField(max_length=500, blank=True, default="")
 
     objects = TenantOwnedQuerySet.as_manager()
 
     # Cleared when the thread is removed (runs.storage.content_clear).
     thread_content = (
         ThreadContent("approval_payloads", fields=("payload",), empty=b""),
+        ThreadContent("approval_safe_args", fields=("safe_args",), empty=""),
         ThreadContent("approval_resume_values", fields=("resume_value",)),
     )
 
@@ -179,6 +184,13 @@ class Decision(models.Model):
     def __str__(self) -> str:
         verdict = "approved" if self.approved else "denied"
         return f"{verdict} by {self.reviewer_label}"
+
+    @property
+    def verdict(self) -> str:
+        """ "approved", "approved with edits" or "denied"."""
+        if not self.approved:
+            return "denied"
+        return "approved with edits" if self.args_edited else "approved"
 
     @property
     def reviewer_shown(self) -> str:

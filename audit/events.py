@@ -235,3 +235,18 @@ APPROVAL_EXPIRED = _declare(
     "{action} request expired unanswered: denied by the system, run resumed",
 )
 APPROVAL_CLOSED = _declare("approval.closed", "{action} request closed: {reason}")
+
+# Reads of decrypted content (a state, an interrupt, a run's error or output, a
+# request's payload): many per thread and routine, so the admin's event list
+# can hide them with one filter.
+READS = frozenset(
+    kind.name
+    for kind in (
+        STATE_READ,
+        THREAD_READ,
+        RUN_READ,
+        HISTORY_READ,
+        RUN_OUTPUT_READ,
+        APPROVAL_READ,
+    )
+)

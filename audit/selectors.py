@@ -10,6 +10,7 @@ import zoneinfo
 from dataclasses import dataclass, field
 
 from django.db.models import F, OuterRef, QuerySet, Subquery
+from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 
 from audit import events, sealing
@@ -154,6 +155,10 @@ class TimelineEntry:
     actor: str
     text: str
     count: int = 1
+    # What the entry links to: the run it happened in, the approval request
+    # it is about (data["approval_id"]); "" when none.
+    run_id: str = ""
+    approval_id: str = ""
 
 
 @dataclass
@@ -213,6 +218,7 @@ def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
         AuditEvent.objects.for_tenant(tenant)
         .filter(thread_id=thread_id)
         .order_by("seq")
+        .annotate(approval=KT("data__approval_id"))
         .values_list(
             "seq",
             "occurred_at",
@@ -221,6 +227,8 @@ def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
             "actor_type",
             "actor_label",
             "summary",
+            "run_id",
+            "approval",
         )
     )
     timeline = Timeline(thread_id=thread_id)
@@ -232,6 +240,8 @@ def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
         actor_type,
         actor_label,
         summary,
+        run_id,
+        approval_id,
     ) in rows.iterator(chunk_size=1000):
         timeline.events += 1
         timeline.first_at = timeline.first_at or occurred_at
@@ -252,6 +262,7 @@ def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
             # "refund_order called" then "refund_order succeeded": one line,
             # at the time it started, saying how it ended.
             last.kind, last.text, last.last_seq = kind, text, seq
+            last.run_id = last.run_id or run_id or ""
             continue
         if len(timeline.entries) >= MAX_TIMELINE_ENTRIES:
             timeline.truncated = True
@@ -265,6 +276,8 @@ def thread_timeline(*, tenant: Tenant, thread_id: str) -> Timeline | None:
                 action=action,
                 actor=actor_label,
                 text=text,
+                run_id=run_id or "",
+                approval_id=approval_id or "",
             )
         )
     return timeline if timeline.events else None

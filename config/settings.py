@@ -129,6 +129,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The reader's time zone, for the admin's pages (runs.timezones).
+    "runs.timezones.ReaderTimezoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: answers a locked-out login with 429.
@@ -275,6 +277,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Times to the second with their zone, everywhere in the admin (config/formats).
+FORMAT_MODULE_PATH = ["config.formats"]
 
 STATIC_URL = "static/"
 # Where `collectstatic` puts the files; the embedded mode needs none there (the

@@ -20,7 +20,7 @@ from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
 from audit.services import Actor
@@ -69,6 +69,15 @@ def _approval_url(approval_pk) -> str:
         return ""
 
 
+def _timeline_url(user, thread) -> str:
+    """The thread's audit timeline, for the roles that read the audit trail."""
+    if not user_can(user, permissions.READ_AUDIT, thread.tenant_id):
+        return ""
+    return reverse(
+        "admin:audit_auditevent_timeline", args=[thread.tenant_id, thread.thread_id]
+    )
+
+
 @admin.register(Thread)
 class ThreadAdmin(ReadOnlyScopedAdmin):
     list_display = [
@@ -113,7 +122,9 @@ class ThreadAdmin(ReadOnlyScopedAdmin):
             raise PermissionDenied
         # Tenant admins see the structure; decrypted content (state, interrupt
         # values) only the roles that read content (runs.permissions).
-        can_read_state = user_can(request.user, permissions.READ_STATE, thread.tenant_id)
+        can_read_state = user_can(
+            request.user, permissions.READ_STATE, thread.tenant_id
+        )
         chosen = request.GET.get("checkpoint", "")
         state, state_error = None, ""
         if chosen:
@@ -125,7 +136,8 @@ class ThreadAdmin(ReadOnlyScopedAdmin):
             "opts": self.opts,
             "title": f"Thread {thread.thread_id}",
             "thread": thread,
-            "pending": self._pending(thread),
+            "approvals": self._approvals(thread),
+            "timeline_url": _timeline_url(request.user, thread),
             "timeline": self._timeline(thread),
             "can_read_state": can_read_state,
             "chosen": chosen,
@@ -221,14 +233,32 @@ class ThreadAdmin(ReadOnlyScopedAdmin):
         return json.dumps(body, indent=2, ensure_ascii=False, default=str), ""
 
     @staticmethod
-    def _pending(thread):
-        rows = thread.approval_requests.filter(status="pending").order_by("due_at")
+    def _approvals(thread):
+        """The thread's approval requests, newest first, with their decisions
+        (who, what) as plain labels: nothing here is decrypted."""
+        rows = (
+            thread.approval_requests.order_by("-created_at")
+            .select_related("run")
+            .prefetch_related("decisions")[:TIMELINE_ENTRIES]
+        )
         return [
             {
                 "action": row.action,
                 "risk": row.risk,
-                "due_at": row.due_at,
+                "status": row.status,
+                "created_at": row.created_at,
+                "due_at": row.due_at if row.status == "pending" else None,
+                "decided_at": row.decided_at,
+                "decisions": [
+                    {
+                        "reviewer": decision.reviewer_shown,
+                        "verdict": decision.verdict,
+                        "at": decision.created_at,
+                    }
+                    for decision in row.decisions.all()
+                ],
                 "url": _approval_url(row.pk),
+                "run_url": reverse("admin:runs_run_change", args=[row.run_id]),
             }
             for row in rows
         ]
@@ -313,10 +343,44 @@ class RunAdmin(ReadOnlyScopedAdmin):
         "created_at",
         "started_at",
         "ended_at",
+        "approval_links",
+        "audit_link",
     ]
     readonly_fields = fields
+
+    def get_fields(self, request, obj=None):
+        fields = list(super().get_fields(request, obj))
+        if obj is None or not user_can(
+            request.user, permissions.READ_AUDIT, obj.tenant_id
+        ):
+            fields.remove("audit_link")  # the timeline is for who reads the trail
+        return fields
 
     @admin.display(description="thread", ordering="thread__thread_id")
     def thread_link(self, obj):
         url = reverse("admin:runs_thread_change", args=[obj.thread_id])
         return format_html('<a href="{}">{}</a>', url, obj.thread.thread_id)
+
+    @admin.display(description="approval requests it opened")
+    def approval_links(self, obj):
+        rows = obj.approval_requests.order_by("created_at")
+        links = [
+            format_html(
+                '<a href="{}">{} ({})</a>',
+                _approval_url(row.pk),
+                row.action,
+                row.status,
+            )
+            for row in rows
+        ]
+        return (
+            format_html_join(", ", "{}", ((link,) for link in links)) if links else "-"
+        )
+
+    @admin.display(description="audit")
+    def audit_link(self, obj):
+        url = reverse(
+            "admin:audit_auditevent_timeline",
+            args=[obj.tenant_id, obj.thread.thread_id],
+        )
+        return format_html('<a href="{}">the thread\'s audit timeline</a>', url)

@@ -9,6 +9,7 @@ from django.db import transaction
 from approvals.content import decision_row, payload_of
 from approvals.edits import action_of, args_diff, audit_diff_text, validated_edit
 from approvals.models import ApprovalRequest, Decision
+from approvals.queue import safe_args_text
 from approvals.reviewers import (
     REQUIRED_APPROVALS,
     Reviewer,
@@ -144,6 +145,10 @@ def approval_decide(
     if approved and not settled:
         verdict = f"approved ({approvals} of {request.required_approvals})"
     shown = safe_args(request.thread)
+    if edit is not None:
+        # The queue finds the request by what it would now execute.
+        request.safe_args = safe_args_text(edit, shown)
+        request.save(update_fields=["safe_args"])
     edit_text = ""
     if edits:
         edit_text = "; edited " + audit_diff_text(edits, shown, limit=150)

@@ -10,6 +10,7 @@ from approvals.content import payload_row
 from approvals.edits import action_of
 from approvals.models import ApprovalRequest
 from approvals.policy import policy_for
+from approvals.queue import safe_args_text
 from approvals.reviewers import REQUIRED_APPROVALS, higher_risk
 from approvals.services.lifecycle import approval_event
 from audit import events
@@ -87,6 +88,7 @@ def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalReques
         request.payload = cipher.encrypt_value(
             payload.as_dict(), row=payload_row(request)
         )
+        request.safe_args = safe_args_text(payload.args, shown)
         request.save()
         approval_event(
             approval=request,

@@ -19,7 +19,7 @@ class ThreadContent:
     # The ciphertext columns, set to `empty` on removal; none: the rows
     # themselves are the content and are deleted.
     fields: tuple[str, ...] = ()
-    empty: bytes | None = None
+    empty: bytes | str | None = None
     # The lookup path from the model to its Thread.
     thread: str = "thread"
 

@@ -22,8 +22,6 @@ from tests.factories import make_member, tenant_with_client
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
-
-
 def _interrupted_refund(client, thread_id="case-7"):
     run_id = start_refund(client, thread_id=thread_id)
     wait_run(client, thread_id, run_id, "interrupted")
@@ -42,11 +40,18 @@ def test_card_shows_the_threads_context_and_the_read_is_audited(worker):
 
     assert "unavailable" not in context
     assert context["messages"][0]["role"] == "human"
-    assert "My blender arrived damaged" in context["messages"][0]["text"]
+    # The customer's message as text, not the JSON the agent wrapped it in.
+    customer = context["messages"][0]["text"].splitlines()
+    assert (
+        customer[0] == "customer_message: My blender arrived damaged, please refund me."
+    )
+    assert customer[1] == "order: amount=40.00, currency=EUR, id=A-1001"
     assert any(
         "refund_order" in call for m in context["messages"] for call in m["tool_calls"]
     )
-    assert '"action": "refund_order"' in context["plan"]
+    # The plan says what the card says already (action, arguments, reason):
+    # it is not repeated.
+    assert context["plan"] is None
     assert "My blender arrived damaged" in html
     read = AuditEvent.objects.for_tenant(tenant).get(kind="thread.state_read")
     assert read.actor_label == "rita" and read.thread_id == "case-7"
