@@ -19,6 +19,7 @@ import zoneinfo
 from django.utils import formats, timezone
 
 COOKIE = "gatehouse_tz"
+ADMIN_PATH = "/admin/"
 # IANA names: "Europe/Paris", "America/Argentina/Buenos_Aires", "Etc/GMT+5".
 _ZONE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}$")
 
@@ -35,11 +36,16 @@ def reader_zone(name: str) -> zoneinfo.ZoneInfo | None:
 
 
 class ReaderTimezoneMiddleware:
+    """The reader's zone for the admin's pages only: the API's timestamps stay
+    in UTC whoever calls it (docs/api.md), a browser session included."""
+
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
-        zone = reader_zone(request.COOKIES.get(COOKIE, ""))
+        zone = None
+        if request.path.startswith(ADMIN_PATH):
+            zone = reader_zone(request.COOKIES.get(COOKIE, ""))
         if zone is None:
             timezone.deactivate()
         else:

@@ -208,3 +208,11 @@ def test_context_reads_as_text_and_says_nothing_twice():
     )
     assert context["plan"] == "steps: 2"
     assert context["created_at"] == "2026-11-30 10:00:00 UTC"
+
+
+def test_the_api_keeps_utc_whatever_zone_the_browser_names(tenant, rita):
+    approval = waiting_request(tenant)
+    client = logged_in(rita)
+    client.cookies["gatehouse_tz"] = "Asia/Tokyo"
+    body = client.get(f"/api/v1/approvals/{approval.pk}").json()
+    assert body["created_at"].endswith("Z")
