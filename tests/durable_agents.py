@@ -226,3 +226,46 @@ def order_to_v2(state: dict) -> dict:
     state.pop("legacy_flag", None)
     state["amount_cents"] = round(float(state["order"]["amount"]) * 100)
     return state
+
+
+class SagaState(TypedDict, total=False):
+    dir: str
+    reserved: dict
+
+
+def undo_unless_blocked(args: dict, result: dict, key: str) -> dict:
+    """Undoes `reserve`; fails while the test's `blocked` file exists."""
+    if Path(args["dir"], "blocked").exists():
+        raise RuntimeError("the warehouse does not answer")
+    note(args["dir"], "undone", key)
+    return {"undone": result["n"]}
+
+
+def reserve(state: SagaState) -> SagaState:
+    args = {"dir": state["dir"]}
+    reserved = durable.side_effect(
+        "test.reserve",
+        args,
+        lambda key: {"n": note(state["dir"], "reserved", key)},
+        compensate=undo_unless_blocked,
+    )
+    return {"reserved": reserved}
+
+
+def fail(state: SagaState) -> SagaState:
+    note(state["dir"], "failed")
+    raise ValueError("the next step fails for good")
+
+
+def saga_graph() -> StateGraph:
+    """Reserves, then fails: the reservation is undone, if the undo works."""
+    graph = StateGraph(SagaState)
+    graph.add_node("reserve", reserve)
+    graph.add_node("fail", fail)
+    graph.add_edge(START, "reserve")
+    graph.add_edge("reserve", "fail")
+    graph.add_edge("fail", END)
+    return graph
+
+
+saga_graph.actions = []

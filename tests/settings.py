@@ -75,6 +75,7 @@ GATEHOUSE_AGENTS = os.environ.get(
             "review@1=tests.durable_agents:review_graph",
             "order@1=tests.durable_agents:order_graph_v1",
             "order@2=tests.durable_agents:order_graph_v2",
+            "undo@1=tests.durable_agents:saga_graph",
             *registrations(),
         ]
     ),

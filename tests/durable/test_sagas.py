@@ -2,11 +2,13 @@
 runs.compensation), with the bundled `fulfilment` agent on a real worker."""
 
 import threading
+from pathlib import Path
 
 import pytest
 
 from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
+from audit.services import Actor
 from demo.models import (
     DemoCharge,
     DemoCourierBooking,
@@ -15,6 +17,7 @@ from demo.models import (
 )
 from gatehouse import durable
 from runs.models import Run, Thread, ToolCall
+from runs.services import run_retry
 from tests.demo.test_fulfilment import order
 from tests.durable.helpers import InProcess, start, wait_run
 from tests.factories import api_client, make_api_key, make_member, tenant_with_client
@@ -237,3 +240,35 @@ def test_a_retry_policy_waits_longer_each_time_up_to_its_maximum():
     assert [policy.wait_before(n) for n in (2, 3, 4)] == [1, 3, 5]
     with pytest.raises(ValueError):
         durable.RetryPolicy(attempts=0)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_an_undo_that_fails_leaves_the_thread_in_error_and_a_retry_undoes_it(
+    worker, tmp_path
+):
+    _, client = tenant_with_client()
+    Path(tmp_path, "blocked").touch()
+    run_id = start(client, "undo", "u-1", {"dir": str(tmp_path)})
+    run = wait_run(run_id, timeout=120)
+    assert (run.status, run.compensation) == ("failed", "failed")
+    error = client.get(f"/api/v1/threads/u-1/runs/{run_id}").json()["error"]
+    assert error == (
+        "ValueError: the next step fails for good\nCompensation: "
+        "undo_unless_blocked failed after 5 attempt(s): RuntimeError: the "
+        "warehouse does not answer; not undone: test.reserve"
+    )
+    thread = Thread.objects.get(thread_id="u-1")
+    assert thread.status == "error"
+
+    Path(tmp_path, "blocked").unlink()
+    retry = run_retry(thread=thread, actor=Actor.system("tests"))
+    retried = wait_run(str(retry.pk))
+    assert (retried.status, retried.compensation) == ("failed", "compensated")
+    assert retried.error_type == "ValueError"
+    # The retry undid the reservation; it did not run the graph again.
+    assert len(Path(tmp_path, "undone").read_text().splitlines()) == 1
+    assert len(Path(tmp_path, "failed").read_text().splitlines()) == 1
+    assert Thread.objects.get(thread_id="u-1").status == "idle"
+    undo = ToolCall.objects.get(compensates__isnull=False)
+    assert outcomes(undo) == ["failed"] * 5 + ["succeeded"]
