@@ -35,9 +35,7 @@ class TenantAdmin(admin.ModelAdmin):
         return user_can(request.user, permissions.VIEW_TENANT)
 
     def has_view_permission(self, request, obj=None):
-        return user_can(
-            request.user, permissions.VIEW_TENANT, obj.pk if obj else None
-        )
+        return user_can(request.user, permissions.VIEW_TENANT, obj.pk if obj else None)
 
     def has_add_permission(self, request):
         return request.user.is_superuser
@@ -349,6 +347,15 @@ class ApiKeyAdmin(TenantScopedAdmin):
         return self.has_view_permission(request, api_key)
 
     # --- My personal API keys: every member makes and revokes their own ------------
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except services.ApiKeyNameTaken as exc:
+            # Taken between the form's check and the save (another tab, another
+            # admin): nothing was saved; say so on the form again.
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
 
     def get_urls(self):
         wrap = self.admin_site.admin_view

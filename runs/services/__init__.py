@@ -13,6 +13,7 @@ from runs.services.runs import (
     thread_close,
 )
 from runs.services.tenancy import (
+    ApiKeyNameTaken,
     IssuedApiKey,
     api_key_create,
     api_key_free_name,
@@ -41,6 +42,7 @@ from runs.services.threads import (
 )
 
 __all__ = [
+    "ApiKeyNameTaken",
     "IssuedApiKey",
     "RunOptions",
     "api_key_create",

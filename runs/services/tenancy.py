@@ -90,6 +90,15 @@ def tenant_update(*, tenant: Tenant, slug: str, name: str, actor: Actor) -> Tena
     return tenant
 
 
+class ApiKeyNameTaken(ValueError):
+    """Another key of the tenant has that name (checked, or lost a race)."""
+
+    def __init__(self, tenant: Tenant, name: str) -> None:
+        super().__init__(
+            f"{tenant.slug} already has a key named {name!r}: choose another name"
+        )
+
+
 def api_key_name_check(
     *, tenant: Tenant, name: str, excluding: int | None = None
 ) -> str:
@@ -105,9 +114,7 @@ def api_key_name_check(
         )
     taken = ApiKey.objects.filter(tenant=tenant, name=name).exclude(pk=excluding)
     if taken.exists():
-        raise ValueError(
-            f"{tenant.slug} already has a key named {name!r}: choose another name"
-        )
+        raise ApiKeyNameTaken(tenant, name)
     return name
 
 
@@ -151,10 +158,8 @@ def api_key_create(
                 secret_hash=ApiKey.hash_secret(secret),
                 scopes=scopes,
             )
-    except IntegrityError:
-        raise ValueError(
-            f"{tenant.slug} already has a key named {name!r}: choose another name"
-        ) from None
+    except IntegrityError:  # taken meanwhile, by a transaction the check missed
+        raise ApiKeyNameTaken(tenant, name) from None
     record(
         tenant=tenant,
         kind=events.API_KEY_CREATED,
@@ -179,7 +184,11 @@ def api_key_rename(*, api_key: ApiKey, name: str, actor: Actor) -> ApiKey:
             tenant=api_key.tenant, name=name, excluding=api_key.pk
         )
         api_key.name = name
-        api_key.save(update_fields=["name"])
+        try:
+            with transaction.atomic():
+                api_key.save(update_fields=["name"])
+        except IntegrityError:
+            raise ApiKeyNameTaken(api_key.tenant, name) from None
         record(
             tenant=api_key.tenant,
             kind=events.API_KEY_RENAMED,

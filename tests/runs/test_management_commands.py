@@ -1,15 +1,19 @@
 """Operators' commands for tenants, keys and reviewers."""
 
 import io
+import threading
 
 import pytest
 from django.contrib.auth import authenticate
 from django.core.management import CommandError, call_command
+from django.db import connection, transaction
 from django.test import RequestFactory
 
 from audit.models import AuditEvent
+from runs import services
 from runs.models import ApiKey, Membership, Tenant
-from tests.factories import api_client
+from tests.factories import api_client, make_api_key
+from tests.workers import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -106,3 +110,55 @@ def test_create_api_key_names_are_unique_and_not_empty():
         "cli key",
         "cli key 2",
     ]
+
+
+def sessions_waiting_on_a_lock() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_keys_made_at_once_with_one_name_one_is_refused_clearly():
+    """The name check passes in both (neither sees the other's row yet); the
+    unique constraint stops the second, which says why, not IntegrityError."""
+    tenant = Tenant.objects.create(slug="race", name="race")
+    first_inserted, release = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def first():
+        try:
+            with transaction.atomic():
+                make_api_key(tenant, name="billing")
+                first_inserted.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    def second():
+        first_inserted.wait(60)
+        try:
+            make_api_key(tenant, name="billing")
+        except Exception as exc:  # noqa: BLE001  what it raised is the point
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    # The second insert waits on the first's uncommitted row in the index.
+    wait_for(
+        lambda: sessions_waiting_on_a_lock() == 1,
+        timeout=30,
+        what="the second insert to wait on the first",
+    )
+    release.set()
+    for thread in threads:
+        thread.join(60)
+    assert isinstance(outcome["error"], services.ApiKeyNameTaken)
+    assert "already has a key named 'billing'" in str(outcome["error"])
+    assert ApiKey.objects.filter(tenant=tenant).count() == 1
