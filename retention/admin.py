@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -190,20 +191,47 @@ class LegalHoldAdmin(TenantScopedAdmin):
 
     @admin.action(description="Lift the selected legal holds")
     def lift(self, request, queryset):
+        """First a confirmation page (what the holds cover, the deletion
+        requests that go ahead once they are lifted, a reason); then the lift."""
+        holds = [
+            hold
+            for hold in queryset.filter(lifted_at=None).select_related(
+                "tenant", "thread"
+            )
+            if self.may_manage(request.user, hold.tenant_id)
+        ]
+        reason = (request.POST.get("lift_reason") or "").strip()
+        if request.POST.get("confirmed") != "yes" or not reason:
+            return self._lift_confirmation(request, holds, asked=bool(reason))
         lifted = 0
-        for hold in queryset.filter(lifted_at=None):
-            if not self.may_manage(request.user, hold.tenant_id):
-                continue
+        for hold in holds:
             try:
                 services.legal_hold_lift(
-                    hold=hold,
-                    actor=Actor.user(request.user),
-                    reason="lifted in the admin",
+                    hold=hold, actor=Actor.user(request.user), reason=reason
                 )
             except StateConflict:
                 continue
             lifted += 1
         self.message_user(request, f"Lifted {lifted} legal hold(s).", messages.SUCCESS)
+        return None
+
+    def _lift_confirmation(self, request, holds, *, asked: bool):
+        waiting = DeletionRequest.objects.filter(
+            tenant_id__in={hold.tenant_id for hold in holds},
+            status=DeletionRequest.Status.ON_HOLD,
+        ).select_related("tenant")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Lift legal holds?",
+            "holds": holds,
+            "waiting": waiting,
+            "reason_missing": request.POST.get("confirmed") == "yes" and not asked,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(
+            request, "admin/retention/legalhold/lift_confirmation.html", context
+        )
 
     def get_actions(self, request):
         actions = super().get_actions(request)

@@ -85,11 +85,22 @@ def test_a_compliance_officer_places_and_lifts_a_legal_hold():
     assert placed.status_code == 302
     hold = LegalHold.objects.get()
     assert hold.thread == thread and Thread.objects.get(pk=thread.pk).legal_hold
+    lift = {"action": "lift", "_selected_action": [hold.pk]}
+    # First what lifting it means, and nothing lifted yet.
+    asked = officer.post("/admin/retention/legalhold/", lift).content.decode()
+    assert "thread case-1 only" in asked and 'id="lift-holds"' in asked
+    no_reason = officer.post(
+        "/admin/retention/legalhold/", {**lift, "confirmed": "yes"}
+    ).content.decode()
+    assert "Say why the holds end." in no_reason
+    hold.refresh_from_db()
+    assert hold.lifted_at is None
     officer.post(
         "/admin/retention/legalhold/",
-        {"action": "lift", "_selected_action": [hold.pk]},
+        {**lift, "confirmed": "yes", "lift_reason": "matter 12 closed"},
     )
     hold.refresh_from_db()
+    assert hold.lift_reason == "matter 12 closed"
     assert (
         hold.lifted_at is not None and not Thread.objects.get(pk=thread.pk).legal_hold
     )
@@ -233,3 +244,23 @@ def test_the_policies_page_shows_the_defaults_for_tenants_without_one(settings):
     admin.post("/admin/retention/retentionpolicy/add/", policy_form(tenant))
     page = admin.get("/admin/retention/retentionpolicy/").content.decode()
     assert 'id="defaults-in-force"' not in page
+
+
+def test_lifting_a_hold_lists_the_deletions_that_go_ahead():
+    tenant = make_tenant()
+    make_thread(tenant, "held-2", steps=1, subject="jane@example.com")
+    officer = logged_in(tenant, "compliance_officer")
+    officer.post(
+        "/admin/retention/legalhold/add/",
+        {"tenant": tenant.pk, "thread_ref": "held-2", "reason": "matter 14"},
+    )
+    form = {"tenant": tenant.pk, "subject": "jane@example.com", "_confirmed": "1"}
+    officer.post("/admin/retention/deletionrequest/add/", form)
+    waiting = DeletionRequest.objects.get()
+    assert waiting.status == "on_hold"
+    asked = officer.post(
+        "/admin/retention/legalhold/",
+        {"action": "lift", "_selected_action": [LegalHold.objects.get().pk]},
+    ).content.decode()
+    assert f"/admin/retention/deletionrequest/{waiting.pk}/change/" in asked
+    assert "Waiting: 1 thread(s) under a legal hold." in asked
