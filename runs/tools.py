@@ -92,14 +92,16 @@ class ActivityFailed(Exception):
     """A side effect failed for good: its error was not retryable, or it ran
     out of attempts. The last attempt's exception is the `__cause__`."""
 
-    def __init__(self, tool: str, attempt: int, policy: RetryPolicy, error: Exception):
+    @classmethod
+    def of(
+        cls, tool: str, attempt: int, policy: RetryPolicy, error: Exception
+    ) -> ActivityFailed:
         why = (
             f"after {attempt} attempt(s)"
             if isinstance(error, policy.retry_on)
             else f"on attempt {attempt}, not retryable"
         )
-        super().__init__(f"{tool} failed {why}: {type(error).__name__}: {error}")
-        self.tool, self.attempts = tool, attempt
+        return cls(f"{tool} failed {why}: {type(error).__name__}: {error}")
 
 
 def args_digest(args: dict[str, Any]) -> str:
@@ -214,7 +216,7 @@ class Ledger:
                 wait = retry.wait_before(attempt + 1) if retrying else None
                 self._failed(exc, wait)
                 if wait is None:
-                    raise ActivityFailed(self.tool, attempt, retry, exc) from exc
+                    raise ActivityFailed.of(self.tool, attempt, retry, exc) from exc
                 time.sleep(wait)
                 continue
             self._succeeded(result)
