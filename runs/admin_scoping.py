@@ -10,7 +10,8 @@ rows need, never a role.
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ERROR_FLAG
 
 from runs import permissions
 from runs.models import Membership, Tenant
@@ -88,6 +89,19 @@ class TenantScopedAdmin(admin.ModelAdmin):
             return queryset
         ids = self.seen_in(request.user)
         return queryset.filter(**{f"{self.tenant_path}__in": ids})
+
+    def changelist_view(self, request, extra_context=None):
+        # Django's admin answers a filter it cannot apply (a day that does not
+        # exist, 2026-02-30; a number that is not one) by showing the list
+        # unfiltered under ?e=1: say so, rather than let it pass for the result.
+        if ERROR_FLAG in request.GET:
+            messages.warning(
+                request,
+                "A filter in the address was not valid (a date that does not "
+                "exist, such as 2026-02-30, or a value of the wrong kind): the "
+                "list below is not filtered.",
+            )
+        return super().changelist_view(request, extra_context)
 
     def get_changeform_initial_data(self, request):
         """An add form starts on the user's only tenant, when they have one

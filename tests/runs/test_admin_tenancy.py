@@ -216,3 +216,19 @@ def test_keys_made_in_two_tabs_each_show_their_secret_once():
         secret = SECRET.search(admin.get(location).content.decode())[1]
         assert ApiKey.objects.get(name=name).matches(secret)
         assert not SECRET.search(admin.get(location).content.decode())
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "occurred_at__day=30&occurred_at__month=2&occurred_at__year=2026",
+        "occurred_at__gte=2026-02-30",
+        "occurred_at__year=abc",
+    ],
+)
+def test_a_filter_that_cannot_apply_is_said_so_not_a_500(query):
+    admin = logged_in(make_superuser())
+    response = admin.get(f"/admin/audit/auditevent/?{query}", follow=True)
+    assert response.status_code == 200
+    assert response.redirect_chain[-1][0].endswith("?e=1")
+    assert "A filter in the address was not valid" in response.content.decode()
