@@ -62,9 +62,14 @@ def locked_pending(approval: ApprovalRequest) -> ApprovalRequest:
         raise StateConflict(
             f"this request is already {locked.status}", code="already_decided"
         )
+    # The thread's row alone: Thread's default ordering joins its tenant, and
+    # FOR UPDATE without OF would lock the tenant's row too, which every
+    # insert that references the tenant checks (FOR KEY SHARE) at its commit,
+    # some while holding the tenant's audit sequence: a deadlock.
     list(
-        Thread.objects.select_for_update()
+        Thread.objects.select_for_update(of=("self",))
         .filter(pk=locked.thread_id)
+        .order_by()
         .values_list("pk", flat=True)
     )
     return locked
