@@ -61,7 +61,6 @@ class Compensated:
     """How a run's compensation ended, and the error text the run records."""
 
     status: str  # Run.Compensation.COMPENSATED or .FAILED
-    error_type: str
     error_text: str
     undone: int
 
@@ -185,14 +184,12 @@ def compensate(
             left = [c.tool for c in pending[pending.index(call) :]]
             return Compensated(
                 status=Run.Compensation.FAILED,
-                error_type=error_type,
                 error_text=f"{error_text}{SEPARATOR}{_failure(failed)}; not undone: "
                 + ", ".join(left),
                 undone=len(calls) - len(left),
             )
     return Compensated(
         status=Run.Compensation.COMPENSATED,
-        error_type=error_type,
         error_text=f"{error_text}{SEPARATOR}undone, newest first: "
         + ", ".join(call.tool for call in calls),
         undone=len(calls),

@@ -264,23 +264,22 @@ class Ledger:
             # lost mid-call), or failed: call again with the same key.
             row = self.row
             row.attempts += 1
-            row.status = ToolCall.Status.STARTED
+            row.status, row.finished_at = ToolCall.Status.STARTED, None
             row.attempt_log = [
                 {**entry, "outcome": "lost"} if entry["outcome"] == "started" else entry
                 for entry in row.attempt_log
             ] + [_attempt_entry(row.attempts, now)]
-            row.save(update_fields=["attempts", "status", "attempt_log"])
+            row.save(update_fields=["attempts", "status", "finished_at", "attempt_log"])
             self._event(events.TOOL_CALL_STARTED, attempt=row.attempts)
         return False, None
 
-    def _finish_attempt(self, outcome: str, error_type: str = "") -> dict[str, Any]:
+    def _finish_attempt(self, outcome: str, error_type: str = "") -> None:
         row = self.row
         row.finished_at = timezone.now()
         last = {**row.attempt_log[-1], "outcome": outcome, "ended": row.finished_at}
         if error_type:
             last["error_type"] = error_type
         row.attempt_log = [*row.attempt_log[:-1], _jsonable(last)]
-        return last
 
     def _failed(self, error: Exception, wait: float | None) -> None:
         row = self.row
