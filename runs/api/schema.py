@@ -21,9 +21,9 @@ from runs.api.serializers import ErrorSerializer
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
 
 ERRORS = {
-    "400": "The body or a query parameter is invalid: `code` `invalid`, and "
-    "`fields` names each field with its problems (a JSON boolean is `true` or "
-    "`false`, never a string).",
+    "400": "The body or a query parameter is invalid (`invalid`: `fields` "
+    "names each field with its problems; a JSON boolean is `true` or `false`, "
+    "never a string), or the body is not JSON (`parse_error`).",
     "401": "No credentials, or an unknown, wrong or revoked API key "
     "(`not_authenticated`, `authentication_failed`).",
     "403": "The key or the person's role lacks this operation's scope "
@@ -34,7 +34,7 @@ ERRORS = {
     "with another body (`idempotency_key_reused`) or still being answered "
     "(`idempotency_in_progress`).",
     "413": "The body is larger than `GATEHOUSE_MAX_BODY_BYTES` "
-    "(`request_too_large`); nothing of it was read.",
+    "(`payload_too_large`); nothing of it was read.",
     "429": "Too many requests for this key or person (`throttled`): retry after "
     "the `Retry-After` seconds.",
 }

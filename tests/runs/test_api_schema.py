@@ -2,9 +2,13 @@
 with the one error body; request fields, parameters and integers carry
 descriptions and sane examples. And booleans are JSON booleans, everywhere."""
 
+import re
+
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
+from runs.api.errors import _DEFAULT_CODES, PayloadTooLarge
+from runs.api.schema import ERRORS
 from tests.approvals.helpers import waiting_request
 from tests.factories import tenant_with_client
 
@@ -128,3 +132,17 @@ def test_agent_protocol_flags_are_true_or_false():
     assert client.get(url, {"subgraphs": "false"}).status_code == 200
     refused = client.get(url, {"subgraphs": "yes"})
     assert refused.status_code == 400 and "subgraphs" in refused.json()["fields"]
+
+
+def test_the_error_codes_the_docs_name_are_the_codes_answered():
+    named = {
+        code
+        for text in ERRORS.values()
+        for code in re.findall(r"`([a-z]+(?:_[a-z]+)+|invalid|throttled)`", text)
+    }
+    answered = set(_DEFAULT_CODES.values()) | {
+        PayloadTooLarge("x").get_codes(),
+        "idempotency_key_reused",
+        "idempotency_in_progress",
+    }
+    assert named <= answered, named - answered
