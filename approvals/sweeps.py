@@ -42,7 +42,9 @@ def _batch(queryset, batch_size: int, dry_run: bool) -> list[ApprovalRequest]:
     batch_size = min(batch_size, MAX_BATCH)
     queryset = queryset.select_related("tenant", "thread", "run")
     if not dry_run:
-        queryset = queryset.select_for_update(skip_locked=True, of=("self",))
+        queryset = queryset.select_for_update(
+            skip_locked=True, of=("self",), no_key=True
+        )
     return list(queryset.order_by("due_at", "pk")[:batch_size])
 
 

@@ -129,11 +129,12 @@ class Heartbeat(threading.Thread):
 def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
     """Take the run if it is this worker's to execute; None otherwise."""
     with transaction.atomic():
-        # Lock order everywhere: thread, then its runs. The run's thread is
-        # found inside the locking query: one round trip.
+        # Lock order everywhere: thread, then its runs (FOR NO KEY UPDATE:
+        # see approvals.services.lifecycle for why never plain FOR UPDATE).
+        # The run's thread is found inside the locking query: one round trip.
         thread = (
             Thread.objects.select_related("tenant")
-            .select_for_update(of=("self",))
+            .select_for_update(of=("self",), no_key=True)
             .filter(
                 pk=Subquery(Run.objects.filter(pk=run_id).values("thread_id")[:1]),
                 deleted_at__isnull=True,
@@ -142,7 +143,7 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
         )
         if thread is None:
             return None
-        run = Run.objects.select_for_update().get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
         now = timezone.now()
         recovered_from = ""
         if run.status == Run.Status.RUNNING:
@@ -337,13 +338,13 @@ def _finish(
     with transaction.atomic():
         thread = (
             Thread.objects.select_related("tenant")
-            .select_for_update(of=("self",))
+            .select_for_update(of=("self",), no_key=True)
             .filter(runs__pk=run_id, deleted_at__isnull=True)
             .first()
         )
         if thread is None:
             return  # deleted while running: nothing left to record
-        run = Run.objects.select_for_update().get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
         if run.lease_owner != owner or run.status != Run.Status.RUNNING:
             logger.warning(
                 "run %s: finished after losing its lease; not recorded", run_id

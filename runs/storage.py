@@ -421,7 +421,7 @@ def _declared_keys_rotate(ring: crypto.KeyRing, db: str) -> dict[str, int]:
                 .filter(**{f"{key.key_id}__in": list(ring.keys)})
             )
             with transaction.atomic(using=db):
-                for row in rows.select_for_update():
+                for row in rows.select_for_update(of=("self",), no_key=True):
                     new = crypto.rewrap_data_key(
                         wrapped=bytes(getattr(row, key.wrapped)),
                         key_id=getattr(row, key.key_id),

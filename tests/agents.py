@@ -76,17 +76,26 @@ def gate_graph_renamed() -> StateGraph:
     return one_node(GateState, "ask_renamed", _ask("one"))
 
 
-def pair_graph() -> StateGraph:
-    """Two parallel branches, each waiting on its own approval; the first is
-    slow after its approval, so a second decision arrives mid-run."""
+def _pair(slow_after: float) -> StateGraph:
     graph = StateGraph(GateState)
-    graph.add_node("left", _ask("left", slow_after=1.5))
+    graph.add_node("left", _ask("left", slow_after=slow_after))
     graph.add_node("right", _ask("right"))
     graph.add_edge(START, "left")
     graph.add_edge(START, "right")
     graph.add_edge("left", END)
     graph.add_edge("right", END)
     return graph
+
+
+def pair_graph() -> StateGraph:
+    """Two parallel branches, each waiting on its own approval; the first is
+    slow after its approval, so a second decision arrives mid-run."""
+    return _pair(slow_after=1.5)
+
+
+def duo_graph() -> StateGraph:
+    """The pair without the wait: each decision's run is over in moments."""
+    return _pair(slow_after=0.0)
 
 
 def _ask_twice(state: GateState) -> GateState:

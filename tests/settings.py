@@ -63,6 +63,7 @@ GATEHOUSE_AGENTS = os.environ.get(
             "echo@2=tests.agents:echo_graph",
             "gate@1=tests.agents:gate_graph",
             "pair@1=tests.agents:pair_graph",
+            "duo@1=tests.agents:duo_graph",
             "twice@1=tests.agents:twice_graph",
             "incomplete@1=tests.agents:incomplete_payload_graph",
             "ask@1=tests.agents:question_graph",

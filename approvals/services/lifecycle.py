@@ -6,6 +6,15 @@ The lock order everywhere: the request, then its thread, and the tenant's
 audit sequence last (`record()` takes it). A worker claiming or finishing a
 run of the thread holds the thread while it records; taking the sequence
 first here would deadlock with it.
+
+Rows are locked FOR NO KEY UPDATE (`no_key=True`), and only their own table
+(`of`, or a query without joins): a plain FOR UPDATE also blocks the foreign
+key checks of other transactions, which Postgres makes at their COMMIT,
+after they have taken the audit sequence (Django's foreign keys are
+deferred): a request or thread row held FOR UPDATE here while this
+transaction waits for the sequence is a deadlock with any transaction that
+recorded an event and inserted a row pointing at it (an opening, a run, a
+tool call, the audit event's own tenant).
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ def locked_pending(approval: ApprovalRequest) -> ApprovalRequest:
     then see what the first one did."""
     locked = (
         ApprovalRequest.objects.select_related("thread", "thread__tenant", "tenant")
-        .select_for_update(of=("self",))
+        .select_for_update(of=("self",), no_key=True)
         .get(pk=approval.pk)
     )
     if not locked.is_pending:
@@ -63,11 +72,12 @@ def locked_pending(approval: ApprovalRequest) -> ApprovalRequest:
             f"this request is already {locked.status}", code="already_decided"
         )
     # The thread's row alone: Thread's default ordering joins its tenant, and
-    # FOR UPDATE without OF would lock the tenant's row too, which every
+    # FOR UPDATE over that join would lock the tenant's row too, which every
     # insert that references the tenant checks (FOR KEY SHARE) at its commit,
-    # some while holding the tenant's audit sequence: a deadlock.
+    # some while holding the tenant's audit sequence: a deadlock. OF the
+    # thread, no ordering, and FOR NO KEY UPDATE (see the module's docstring).
     list(
-        Thread.objects.select_for_update(of=("self",))
+        Thread.objects.select_for_update(of=("self",), no_key=True)
         .filter(pk=locked.thread_id)
         .order_by()
         .values_list("pk", flat=True)
@@ -140,9 +150,9 @@ def approval_close(
 def approvals_close_for_thread(*, thread, actor: Actor, reason: str) -> int:
     """Close the thread's pending requests, in the caller's transaction: its
     interrupts will never be resumed (the thread was closed)."""
-    pending = ApprovalRequest.objects.select_for_update(of=("self",)).filter(
-        thread_id=thread.pk, status=ApprovalRequest.Status.PENDING
-    )
+    pending = ApprovalRequest.objects.select_for_update(
+        of=("self",), no_key=True
+    ).filter(thread_id=thread.pk, status=ApprovalRequest.Status.PENDING)
     closed = 0
     for approval in pending.select_related("tenant", "thread"):
         approval_close(approval=approval, reason=reason, actor=actor)

@@ -35,7 +35,7 @@ from runs.signals import thread_closed
 def _lock(thread: Thread) -> Thread:
     return (
         Thread.objects.select_related("tenant")
-        .select_for_update(of=("self",))
+        .select_for_update(of=("self",), no_key=True)
         .get(pk=thread.pk, deleted_at__isnull=True)
     )
 
@@ -176,7 +176,7 @@ def _pin_version(thread: Thread, version: str | None = None) -> None:
 def _make_room(thread: Thread, *, multitask: str, actor: Actor) -> None:
     """Apply the multitask strategy to the thread's active runs, if any."""
     active = list(
-        Run.objects.select_for_update()
+        Run.objects.select_for_update(no_key=True)
         .filter(thread=thread, status__in=Run.ACTIVE)
         .order_by("created_at")
     )
@@ -409,7 +409,7 @@ def run_cancel(*, thread: Thread, run: Run, actor: Actor, action: str) -> Run:
             field="action",
         )
     thread = _lock(thread)
-    run = Run.objects.select_for_update().get(pk=run.pk, thread=thread)
+    run = Run.objects.select_for_update(no_key=True).get(pk=run.pk, thread=thread)
     if not run.is_active:
         raise StateConflict(
             f"run {run.id} already ended ({run.status})", code="run_not_active"
@@ -481,7 +481,7 @@ def thread_close(*, thread: Thread, actor: Actor, note: str) -> Thread:
 def run_cancel_active(*, thread: Thread, actor: Actor, reason: str) -> int:
     """Cancel the thread's queued and running runs (its deletion, say)."""
     cancelled = 0
-    for run in Run.objects.select_for_update().filter(
+    for run in Run.objects.select_for_update(no_key=True).filter(
         thread=thread, status__in=Run.ACTIVE
     ):
         run.status = Run.Status.CANCELLED

@@ -177,7 +177,7 @@ def thread_metadata_update(
     *, thread: Thread, metadata: dict[str, Any], actor: Actor
 ) -> Thread:
     """Merge `metadata` into the thread's (the same rules as at creation)."""
-    thread = Thread.objects.select_for_update().get(pk=thread.pk)
+    thread = Thread.objects.select_for_update(no_key=True).get(pk=thread.pk)
     clear, subject = _metadata_for(_thread_spec(thread), metadata)
     thread.metadata = {**thread.metadata, **clear}
     if subject:
@@ -199,7 +199,7 @@ def thread_copy(
     """A new thread with the same agent, metadata and checkpoints (re-encrypted
     under its own key). Only a quiet thread is copied: a copy of a thread
     waiting on an interrupt would be a second way past it."""
-    thread = Thread.objects.select_for_update().get(pk=thread.pk)
+    thread = Thread.objects.select_for_update(no_key=True).get(pk=thread.pk)
     _require_quiet(thread)
     if thread.status == Thread.Status.INTERRUPTED:
         raise StateConflict(
