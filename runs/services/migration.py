@@ -142,7 +142,7 @@ def _migrate(
 ) -> None:
     thread = (
         Thread.objects.select_related("tenant")
-        .select_for_update(of=("self",))
+        .select_for_update(of=("self",), no_key=True)
         .get(pk=result.thread.pk)
     )
     result.thread = thread

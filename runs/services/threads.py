@@ -349,7 +349,7 @@ def thread_fork(
     with transaction.atomic():
         thread = (
             Thread.objects.select_related("tenant")
-            .select_for_update(of=("self",))
+            .select_for_update(of=("self",), no_key=True)
             .get(pk=thread.pk)
         )
         _require_quiet(thread)
