@@ -255,7 +255,7 @@ class Ledger:
                         self._event(events.TOOL_CALL_STARTED, attempt=1)
                         return False, None
                 except IntegrityError:
-                    self.row = ToolCall.objects.select_for_update().get(
+                    self.row = ToolCall.objects.select_for_update(no_key=True).get(
                         thread=self.thread, idempotency_key=self.key
                     )
                 if self.row.status == ToolCall.Status.SUCCEEDED:
