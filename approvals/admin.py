@@ -28,8 +28,9 @@ from django.views.decorators.http import require_POST
 
 from approvals import cards, dashboard, outcome, queue, selectors, services
 from approvals.edits import InvalidArgs, value_text
-from approvals.forms import AssignForm, DecisionForm, EditedArgsForm
+from approvals.forms import AssignForm, DecisionForm, EditedArgsForm, EditedPlanForm
 from approvals.models import PENDING_FIRST, ApprovalRequest
+from approvals.plans import InvalidPlan
 from audit.export import CONTENT_TYPES, ExportResponse
 from runs import permissions
 from runs.admin_scoping import (
@@ -169,6 +170,18 @@ def _error_text(exc: Exception) -> str:
     return str(detail)
 
 
+def _plan_form(card, **kwargs) -> EditedPlanForm:
+    """The form that changes the plan a card shows (the steps it still has)."""
+    return EditedPlanForm(
+        kwargs.pop("data", None),
+        steps=card["args"]["steps"],
+        editable={
+            str(step["step"]): step["editable"] for step in card["plan"]["steps"]
+        },
+        **kwargs,
+    )
+
+
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(TenantScopedAdmin):
     view_capability = permissions.VIEW_APPROVALS
@@ -277,7 +290,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             return format_html(
                 '<span class="desk-unreadable">{}</span>', obj.desk_unreadable
             )
-        return cards.args_summary(obj.desk_payload["args"])
+        return cards.request_summary(obj, obj.desk_payload)
 
     @admin.display(description="risk", ordering="risk")
     def risk_label(self, obj):
@@ -405,6 +418,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         *,
         decision_form=None,
         edit_form=None,
+        plan_form=None,
         error: str = "",
         status: int = 200,
     ):
@@ -421,6 +435,8 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
                 editable=card.get("editable", []),
                 initial=initial,
             )
+            if card.get("plan"):
+                plan_form = plan_form or _plan_form(card, initial=initial)
         managing = approval.is_pending and user_can(
             user, permissions.MANAGE_QUEUE, approval.tenant_id
         )
@@ -441,6 +457,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             "deciding": deciding,
             "decision_form": decision_form,
             "edit_form": edit_form,
+            "plan_form": plan_form,
             "error": error,
             "form_errors": _form_errors(decision_form, edit_form),
             "already_approved": already_approved and approval.is_pending,
@@ -501,8 +518,11 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             card = cards.opening_card(opening, ThreadCipher.for_thread(approval.thread))
         except CryptoError as exc:
             return self._render_unreadable(request, approval, exc)
-        editing = request.POST.get("form") == "edit"
-        if editing:
+        kind = request.POST.get("form")
+        if kind == "plan" and card.get("plan"):
+            form = _plan_form(card, data=request.POST)
+            forms = {"plan_form": form}
+        elif kind == "edit":
             form = EditedArgsForm(
                 request.POST, original=card["args"], editable=card.get("editable", [])
             )
@@ -510,6 +530,7 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         else:
             form = DecisionForm(request.POST)
             forms = {"decision_form": form}
+        editing = not isinstance(form, DecisionForm)
         if not form.is_valid():
             return self._render_card(
                 request, approval, card, opening, status=400, **forms
@@ -521,10 +542,16 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
                 opening=opening,
                 approved=True if editing else form.approved,
                 note=form.cleaned_data["note"],
-                args=form.cleaned_data["args"] if editing else None,
+                args=form.cleaned_data.get("args") if editing else None,
+                plan=form.cleaned_data.get("plan") if editing else None,
             )
         except InvalidArgs as exc:
             form.add_args_errors(exc.errors)
+            return self._render_card(
+                request, approval, card, opening, status=400, **forms
+            )
+        except InvalidPlan as exc:
+            form.add_plan_errors(exc.errors)
             return self._render_card(
                 request, approval, card, opening, status=400, **forms
             )

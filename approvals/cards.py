@@ -20,8 +20,9 @@ from django.utils import timezone
 
 from approvals.content import card_row, decision_detail, payload_of, snapshot_row
 from approvals.desk_models import Assignment, DecisionSnapshot, RequestOpening
-from approvals.edits import action_of, args_diff, diff_text, value_text
+from approvals.edits import action_of, diff_text, edit_text, value_text
 from approvals.models import ApprovalRequest, Decision
+from approvals.plans import is_plan, request_diff, steps_of
 from approvals.reviewers import approves, counted_approvals, current_args
 from audit.services import Actor
 from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
@@ -95,6 +96,58 @@ def args_summary(args: dict[str, Any], limit: int = SUMMARY_CHARS) -> str:
     text = ", ".join(f"{key}={value_text(value)}" for key, value in args.items())
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def request_summary(
+    approval: ApprovalRequest, payload: dict[str, Any], limit: int = SUMMARY_CHARS
+) -> str:
+    """One line: its arguments, or a plan's steps in order: `3 steps:
+    reserve_stock, charge_card, notify_customer`."""
+    if not is_plan(approval):
+        return args_summary(payload["args"], limit)
+    steps = steps_of(payload["args"])
+    text = f"{len(steps)} steps: " + ", ".join(step["action"] for step in steps)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def plan_card(
+    thread, original: dict[str, Any], current: dict[str, Any], edits: list
+) -> dict[str, Any]:
+    """A plan as the card numbers it: every step the agent proposed, in its
+    order, with its arguments as an approval approves them now, the edits
+    (old -> new), whether a reviewer removed it, and what may be edited;
+    and the changes, one line each."""
+    kept = {step["step"]: step for step in steps_of(current)}
+    shown = []
+    for step in steps_of(original):
+        now = kept.get(step["step"], step)
+        changed = {
+            edit["arg"]: edit
+            for edit in edits
+            if edit["step"] == step["step"] and not edit.get("removed")
+        }
+        action = action_of(thread, step["action"])
+        shown.append(
+            {
+                "step": step["step"],
+                "action": step["action"],
+                "reason": step["reason"],
+                "affects": step["affects"],
+                "if_denied": step["if_denied"],
+                "risk": now["risk"],
+                "removed": step["step"] not in kept,
+                "args": [
+                    [
+                        key,
+                        value_text(value),
+                        value_text(changed[key]["old"]) if key in changed else None,
+                    ]
+                    for key, value in now["args"].items()
+                ],
+                "editable": sorted(action.editable) if action and action.args else [],
+            }
+        )
+    return {"steps": shown, "changes": [edit_text(edit) for edit in edits]}
 
 
 # --- The queue -------------------------------------------------------------------
@@ -230,6 +283,7 @@ def card_fields(
     payload = payload_of(approval, cipher)
     decisions = list(approval.decisions.all())
     args = current_args(payload["args"], decisions, cipher)
+    edits = jsonable(request_diff(approval, payload["args"], args))
     counted = counted_approvals(decisions, args, payload["args"])
     here = [
         {**_decision_entry(d, cipher), "counts": approves(d, args, payload["args"])}
@@ -266,9 +320,19 @@ def card_fields(
                 "old": value_text(edit["old"]),
                 "new": value_text(edit["new"]),
             }
-            for edit in jsonable(args_diff(payload["args"], args))
+            for edit in edits
         ],
-        "editable": sorted(action.editable) if action and action.args else [],
+        "editable": (
+            sorted(action.editable)
+            if action and action.args and not is_plan(approval)
+            else []
+        ),
+        # A plan gate's steps, numbered (approvals.plans); None otherwise.
+        "plan": (
+            plan_card(thread, jsonable(payload["args"]), args, edits)
+            if is_plan(approval)
+            else None
+        ),
         "reason": payload["reason"],
         "affects": payload["affects"],
         "if_denied": payload["if_denied"],

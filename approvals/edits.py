@@ -18,7 +18,7 @@ from rest_framework import exceptions
 
 from audit.redaction import describe
 from runs import registry
-from runs.actions import ArgsInvalid, GatedAction
+from runs.actions import ArgsInvalid, GatedAction, higher_risk
 
 
 class InvalidArgs(exceptions.ValidationError):
@@ -38,6 +38,20 @@ def action_of(thread, name: str) -> GatedAction | None:
     except registry.UnknownAgent:
         return None
     return spec.action(name)
+
+
+def declared_risk(
+    action: GatedAction | None, args: dict[str, Any], stated: str | None
+) -> str | None:
+    """An action's risk for these arguments: its declared rule, never below
+    the risk the agent stated; the stated risk when nothing is declared.
+    ArgsInvalid when the arguments break the declared schema."""
+    if action is None:
+        return stated
+    declared = action.risk_of(action.validated(args))
+    if declared is None:
+        return stated
+    return higher_risk(stated, declared) if stated else declared
 
 
 def validated_edit(
@@ -72,20 +86,31 @@ def value_text(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
+def edit_text(edit: dict[str, Any]) -> str:
+    """One change as shown: "amount 30.00 → 900.00"; in a plan (approvals.
+    plans) "step 2 charge_card amount 50.00 → 40.00", "step 3 book_courier
+    removed"."""
+    where = f"step {edit['step']} {edit['action']} " if "step" in edit else ""
+    if edit.get("removed"):
+        return f"{where}removed"
+    return f"{where}{edit['arg']} {value_text(edit['old'])} → {value_text(edit['new'])}"
+
+
 def diff_text(edits: list[dict[str, Any]]) -> str:
     """ "amount 30.00 → 900.00; note x → y"."""
-    return "; ".join(
-        f"{edit['arg']} {value_text(edit['old'])} → {value_text(edit['new'])}"
-        for edit in edits
-    )
+    return "; ".join(edit_text(edit) for edit in edits)
 
 
 def audit_diff_text(edits: list[dict[str, Any]], safe_keys, limit: int) -> str:
     """The diff for the audit trail: declared-safe values in clear, the others
     as keyed digests (audit.redaction), within `limit` characters."""
-    old = describe({edit["arg"]: edit["old"] for edit in edits}, safe_keys)
-    new = describe({edit["arg"]: edit["new"] for edit in edits}, safe_keys)
-    text = diff_text(
-        [{"arg": name, "old": old[name], "new": new[name]} for name in old]
-    )
+    described = []
+    for edit in edits:
+        if edit.get("removed"):
+            described.append(edit)
+            continue
+        (old,) = describe({edit["arg"]: edit["old"]}, safe_keys).values()
+        (new,) = describe({edit["arg"]: edit["new"]}, safe_keys).values()
+        described.append({**edit, "old": old, "new": new})
+    text = diff_text(described)
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -22,10 +22,6 @@ SERVICE_KEYS = "service keys"
 REQUIRED_APPROVALS = {Risk.LOW: 1, Risk.MEDIUM: 1, Risk.HIGH: 2}
 
 
-def higher_risk(*risks: str) -> str:
-    return max(risks, key=Risk.values.index)
-
-
 @dataclass(frozen=True)
 class Reviewer:
     """Who decides: an authenticated principal.

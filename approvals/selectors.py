@@ -7,8 +7,8 @@ from django.contrib.auth import get_user_model
 
 from approvals.content import decision_detail, payload_of
 from approvals.desk_models import RequestOpening
-from approvals.edits import args_diff
 from approvals.models import ApprovalRequest
+from approvals.plans import request_diff
 from approvals.reviewers import current_args
 from runs import permissions
 from runs.crypto import ThreadCipher
@@ -21,7 +21,7 @@ def approval_view(request: ApprovalRequest) -> ApprovalRequest:
     request.payload = payload_of(request, cipher)
     decisions = list(request.decisions.all())
     request.args = current_args(request.payload["args"], decisions, cipher)
-    request.edits = args_diff(request.payload["args"], request.args)
+    request.edits = request_diff(request, request.payload["args"], request.args)
     shown = []
     for decision in decisions:
         detail = decision_detail(decision, cipher)

@@ -43,6 +43,11 @@ import pydantic
 RISKS = ("low", "medium", "high")
 
 
+def higher_risk(*risks: str) -> str:
+    """The highest of `risks` (names in RISKS)."""
+    return max(risks, key=RISKS.index)
+
+
 class ArgsInvalid(ValueError):
     """Arguments that break an action's declaration; `errors` maps each
     argument's name to what is wrong with it."""

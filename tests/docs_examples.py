@@ -23,6 +23,7 @@ AGENTS = {
     "migration": "build_graph",
     "retries": "build_graph",
     "saga": "build_graph",
+    "plan": "build_graph",  # run by tests/approvals/test_plan_review.py
 }
 # Modules that are a later version of another example's agent: module ->
 # (agent, version).

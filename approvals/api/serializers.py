@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from approvals.models import ApprovalRequest
+from approvals.plans import MAX_STEPS
 from runs.api.fields import StrictBooleanField
 from runs.api.serializers import RunQueuedSerializer
 
@@ -14,7 +15,19 @@ class PayloadSerializer(serializers.Serializer):
 
 
 class EditSerializer(serializers.Serializer):
-    arg = serializers.CharField()
+    step = serializers.IntegerField(
+        required=False, help_text="A plan's step the change is in (plan gates)."
+    )
+    action = serializers.CharField(
+        required=False, help_text="That step's action (plan gates)."
+    )
+    removed = serializers.BooleanField(
+        required=False,
+        help_text="The step was taken out of the plan (`old` holds its args).",
+    )
+    arg = serializers.CharField(
+        allow_null=True, help_text="The argument changed; null for a step removed."
+    )
     old = serializers.JSONField()
     new = serializers.JSONField()
 
@@ -46,7 +59,9 @@ class ApprovalSerializer(serializers.ModelSerializer):
     payload = PayloadSerializer()
     args = serializers.DictField(
         help_text="The arguments an approval approves now: the payload's, or "
-        "the latest approved edit."
+        'the latest approved edit. For a plan gate, `{"steps": [...]}`: the '
+        "steps an approval approves now, each `{step, action, args, reason, "
+        "affects, if_denied, risk}`."
     )
     edits = EditSerializer(
         many=True, help_text="How `args` differs from the payload's arguments."
@@ -98,6 +113,24 @@ class ApprovalSummarySerializer(serializers.ModelSerializer):
         ]
 
 
+class PlanChangeSerializer(serializers.Serializer):
+    remove = serializers.ListField(
+        child=serializers.IntegerField(min_value=1),
+        required=False,
+        default=list,
+        max_length=MAX_STEPS,
+        help_text="The numbers of the steps to take out of the plan.",
+    )
+    args = serializers.DictField(
+        child=serializers.DictField(),
+        required=False,
+        default=dict,
+        help_text='Edited arguments by step number, `{"2": {...}}`: all of '
+        "the step's arguments, validated against its action's declared schema; "
+        "only editable arguments may change.",
+    )
+
+
 class DecideSerializer(serializers.Serializer):
     approved = StrictBooleanField(
         help_text="true approves, false denies: a JSON boolean, never a string."
@@ -122,7 +155,13 @@ class DecideSerializer(serializers.Serializer):
         required=False,
         help_text="Approve with these arguments instead (all of them): validated "
         "against the action's declared schema; only editable arguments may "
-        "change; needs a note.",
+        "change; needs a note. Action gates only.",
+    )
+    plan = PlanChangeSerializer(
+        required=False,
+        help_text="Plan gates only: approve the plan with steps removed or their "
+        "arguments edited; needs a note. Removing steps cannot raise the risk; "
+        "an edit can.",
     )
 
 

@@ -101,7 +101,10 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
                 ErrorSerializer,
                 description="`invalid`: a denial or an edit without a note, or "
                 "edited `args` that break the action's declared schema "
-                "(`fields.args` names each argument).",
+                "(`fields.args` names each argument); on a plan gate, a `plan` "
+                "change that does (`fields.plan.args.<step>.<argument>`) or that "
+                "removes steps the plan lacks, or every step "
+                "(`fields.plan.remove`).",
             ),
             409: OpenApiResponse(
                 ErrorSerializer,
@@ -132,6 +135,7 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
             approved=body.validated_data["approved"],
             note=body.validated_data["note"],
             args=body.validated_data.get("args"),
+            plan=body.validated_data.get("plan"),
         )
         resumed = {"run_id": run.id, "status": run.status} if run else None
         return Response(

@@ -7,15 +7,15 @@ from typing import Any
 from django.db import transaction
 
 from approvals.content import decision_row, payload_of
-from approvals.edits import action_of, args_diff, audit_diff_text, validated_edit
+from approvals.edits import action_of, args_diff, audit_diff_text
 from approvals.models import ApprovalRequest, Decision
+from approvals.plans import request_diff, request_edit, request_risk
 from approvals.queue import safe_args_text
 from approvals.reviewers import (
     REQUIRED_APPROVALS,
     Reviewer,
     counted_approvals,
     current_args,
-    higher_risk,
 )
 from approvals.services.lifecycle import (
     approval_event,
@@ -26,6 +26,7 @@ from approvals.services.lifecycle import (
 from approvals.services.requests import safe_args
 from audit import events
 from audit.redaction import describe, digest
+from runs.actions import higher_risk
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.models import Run
@@ -33,9 +34,9 @@ from runs.selectors import jsonable
 
 
 def _raise_risk(request: ApprovalRequest, action, edited: dict[str, Any]) -> bool:
-    """Recompute the risk from edited arguments; it and the approvals needed
-    may rise, never fall. Whether they rose."""
-    declared = action.risk_of(edited)
+    """Recompute the risk from edited arguments (or an edited plan); it and
+    the approvals needed may rise, never fall. Whether they rose."""
+    declared = request_risk(request, action, edited)
     if declared is None:
         return False
     risk = higher_risk(request.risk, declared)
@@ -85,6 +86,7 @@ def approval_decide(
     approved: bool,
     note: str = "",
     args: dict[str, Any] | None = None,
+    plan: dict[str, Any] | None = None,
     seen_args: dict[str, Any] | None = None,
 ) -> tuple[ApprovalRequest, Run | None]:
     """Record one decision; the one that settles the request resumes the run.
@@ -93,7 +95,8 @@ def approval_decide(
     one wins and the others get a 409. An approval counts for the arguments
     it approved, once per person (all service keys together count once); an
     edit is validated against the action's declaration, needs a note, and
-    may raise the risk and the approvals needed (approvals.edits).
+    may raise the risk and the approvals needed (approvals.edits); so does a
+    change of a plan, `plan` (steps removed, arguments edited: approvals.plans).
 
     `seen_args` are the arguments the reviewer was shown (the desk's card):
     if another reviewer's edit changed them since, RequestChanged, and
@@ -104,6 +107,8 @@ def approval_decide(
         raise InvalidRequest("a denial needs a note that says why", field="note")
     if args is not None and not approved:
         raise InvalidRequest("edited args go with an approval only", field="args")
+    if plan is not None and not approved:
+        raise InvalidRequest("a changed plan goes with an approval only", field="plan")
     request = locked_pending(approval)
     cipher = ThreadCipher.for_thread(request.thread)
     original = payload_of(request, cipher)["args"]
@@ -112,7 +117,7 @@ def approval_decide(
     if seen_args is not None and jsonable(current) != seen_args:
         raise RequestChanged(seen_args, jsonable(current))
     action = action_of(request.thread, request.action)
-    edit = validated_edit(action, current, args) if args is not None else None
+    edit = request_edit(request, action, current, args=args, plan=plan)
     if edit is not None and not note:
         raise InvalidRequest(
             "an edit of the arguments needs a note that says why", field="note"
@@ -121,7 +126,7 @@ def approval_decide(
     counted = counted_approvals(earlier, approved_args, original)
     if approved and reviewer.counted_as in counted:
         raise _same_reviewer(reviewer)
-    edits = args_diff(current, edit) if edit is not None else []
+    edits = request_diff(request, current, edit) if edit is not None else []
     risk_rose = _raise_risk(request, action, edit) if edit is not None else False
     decision = Decision(
         request=request,
@@ -177,7 +182,7 @@ def approval_decide(
             note=note,
             reviewer=reviewer.shown,
             args=approved_args if approved else current,
-            edits=args_diff(original, approved_args) if approved else [],
+            edits=request_diff(request, original, approved_args) if approved else [],
         ),
         actor=reviewer.actor,
     )

@@ -55,6 +55,7 @@ def desk_decide(
     approved: bool,
     note: str = "",
     args: dict[str, Any] | None = None,
+    plan: dict[str, Any] | None = None,
 ) -> tuple[ApprovalRequest, Run | None, DecisionSnapshot]:
     """Decide through `approval_decide` and keep the card the user decided on.
 
@@ -73,6 +74,7 @@ def desk_decide(
         approved=approved,
         note=note,
         args=args,
+        plan=plan,
         seen_args=card["args"],
     )
     decision = approval.decisions.filter(reviewer_user=user).latest("created_at")

@@ -3,21 +3,24 @@ with their interrupts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.utils import timezone
 
 from approvals import payload as payload_contract
 from approvals.content import payload_row
-from approvals.edits import action_of
-from approvals.models import ApprovalRequest
+from approvals.edits import action_of, declared_risk
+from approvals.models import ApprovalRequest, Gate
+from approvals.plans import PlanRejected, plan_opened, plan_risk
 from approvals.policy import policy_for
 from approvals.queue import safe_args_text
-from approvals.reviewers import REQUIRED_APPROVALS, higher_risk
+from approvals.reviewers import REQUIRED_APPROVALS
 from approvals.services.lifecycle import approval_event
 from audit import events
 from audit.redaction import describe
 from audit.services import Actor
 from runs import registry
-from runs.actions import ArgsInvalid
+from runs.actions import ArgsInvalid, higher_risk
 from runs.crypto import ThreadCipher
 from runs.gates import is_gate
 from runs.models import Run
@@ -36,19 +39,30 @@ def _declared_risk(thread, interrupt, payload) -> str:
     """The request's risk: the action's declared rule, never below the risk
     the agent's payload states; InterruptRejected when the arguments break
     the action's declared schema."""
-    action = action_of(thread, payload.action)
-    if action is None:
-        return payload.risk
+    stated = payload.risk if "risk" in interrupt.value else None
     try:
-        declared = action.risk_of(action.validated(payload.args))
+        declared = declared_risk(
+            action_of(thread, payload.action), payload.args, stated
+        )
     except ArgsInvalid as exc:
         raise InterruptRejected(
             f"the arguments of {payload.action} break its declared schema: {exc}"
         ) from None
-    if declared is None:
-        return payload.risk
-    stated = "risk" in interrupt.value
-    return higher_risk(payload.risk, declared) if stated else declared
+    return declared or payload.risk
+
+
+def _plan_opened(thread, interrupt, payload):
+    """A plan gate's payload with its steps numbered and judged
+    (approvals.plans), and its risk: its riskiest step's, never below the
+    risk the agent's payload states."""
+    try:
+        plan = plan_opened(thread, payload.args)
+    except PlanRejected as exc:
+        raise InterruptRejected(str(exc)) from None
+    risk = plan_risk(plan)
+    if "risk" in interrupt.value:
+        risk = higher_risk(risk, payload.risk)
+    return dataclasses.replace(payload, args=plan), risk
 
 
 def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalRequest]:
@@ -61,7 +75,10 @@ def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalReques
             payload = payload_contract.parse(interrupt.value)
         except payload_contract.InvalidPayload as exc:
             raise InterruptRejected(str(exc)) from None
-        risk = _declared_risk(run.thread, interrupt, payload)
+        if payload.gate == Gate.PLAN:
+            payload, risk = _plan_opened(run.thread, interrupt, payload)
+        else:
+            risk = _declared_risk(run.thread, interrupt, payload)
         parsed.append((interrupt, payload, risk))
     thread = run.thread
     cipher = ThreadCipher.for_thread(thread)
