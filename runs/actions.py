@@ -21,6 +21,11 @@ An agent module lists its gated actions on its factory, beside `safe_args`:
         ),
     ]
 
+An action that is only ever a step of a plan (a `gate: "plan"` request,
+approvals.plans) and never stops for a decision of its own declares no
+`node`: its `args`, `editable` and `risk` judge the step and a reviewer's
+edit of it.
+
 Gatehouse uses the declaration in two places. `runs.gates` knows from `node`
 where the graph stops for a decision, so that no fork or replay writes past
 it (an agent that declares nothing gets no fork that writes as a node:
@@ -72,7 +77,9 @@ class GatedAction:
     """One action an agent asks approval for; see the module docstring."""
 
     name: str
-    node: str
+    # None: an action reviewed only as a step of a plan (approvals.plans),
+    # which never stops for a decision of its own.
+    node: str | None = None
     args: type[pydantic.BaseModel] | None = None
     editable: frozenset[str] = field(default_factory=frozenset)
     risk: Callable[[Any], str] | None = None

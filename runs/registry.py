@@ -106,7 +106,9 @@ class AgentSpec:
         actions = self.actions
         if actions is None:
             return None
-        return frozenset(action.node for action in actions.values())
+        return frozenset(
+            action.node for action in actions.values() if action.node is not None
+        )
 
     def build_graph(self):
         """A new uncompiled StateGraph of this agent version."""

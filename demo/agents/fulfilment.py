@@ -4,12 +4,16 @@ Input: {"order": {"id", "items": [{"sku", "qty"}], "amount", "currency"?,
 "courier_outages"?, "courier_refuses"?}}. The last two are the demo courier's
 knobs: it is down for that many requests, or it refuses the order.
 
-plan_fulfilment -> reserve_stock -> charge_card -> book_courier -> notify_customer
+plan_fulfilment -> review_plan -> reserve_stock -> charge_card -> book_courier
+                                                                -> notify_customer
 
-`plan_fulfilment` writes the ordered steps (`steps`: [{"action", "args"}]); each
-step node carries out its own step and hands over to the next step of the plan
+`plan_fulfilment` writes the ordered steps (`steps`: [{"action", "args"}]);
+`review_plan` asks a person to approve the whole plan first (a `gate: "plan"`
+request, approvals.plans), who may remove steps or edit their arguments, and
+replaces `steps` with the plan as approved (none if it was denied). Each step
+node carries out its own step and hands over to the next step of the plan
 (`next_step`), so a step taken out of the plan is skipped. A charge of
-HIGH_RISK_FROM or more stops at its own approval gate first.
+HIGH_RISK_FROM or more stops at its own approval gate first, plan or not.
 
 It is a saga: reserving, charging and booking each name what undoes them
 (`compensate=`), so when a later step fails for good (the courier refuses the
@@ -57,6 +61,8 @@ class FulfilmentState(TypedDict, total=False):
     charge: dict[str, Any]
     booking: dict[str, Any]
     decision: dict[str, Any]
+    # The plan's decision: the plan as approved is its args.steps.
+    plan_review: dict[str, Any]
     outcome: str
 
 
@@ -67,6 +73,50 @@ class ChargeArgs(OrderAmount):
 def charge_risk(args: ChargeArgs) -> str:
     return "high" if args.amount >= HIGH_RISK_FROM else "low"
 
+
+class Line(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    sku: str = pydantic.Field(min_length=1, max_length=64)
+    qty: int = pydantic.Field(gt=0, le=1000)
+
+
+class ReserveArgs(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    order_id: str = pydantic.Field(min_length=1, max_length=64)
+    lines: list[Line] = pydantic.Field(min_length=1, max_length=100)
+
+
+class CourierArgs(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    order_id: str = pydantic.Field(min_length=1, max_length=64)
+    parcels: int = pydantic.Field(gt=0, le=1000)
+
+
+class NotifyArgs(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    order_id: str = pydantic.Field(min_length=1, max_length=64)
+    kind: str = pydantic.Field(pattern=r"^[a-z_]{1,40}$")
+
+
+def low_risk(args: pydantic.BaseModel) -> str:
+    return "low"
+
+
+# The steps only a plan reviews (no node: they never stop on their own). A
+# reviewer may send fewer parcels (the customer collects some), nothing else.
+PLAN_STEPS = [
+    GatedAction(name="reserve_stock", args=ReserveArgs, risk=low_risk),
+    GatedAction(
+        name="book_courier", args=CourierArgs, editable={"parcels"}, risk=low_risk
+    ),
+    GatedAction(name="notify_customer", args=NotifyArgs, risk=low_risk),
+]
+# The plan itself; its steps are judged by the actions' declarations.
+FULFIL_ORDER = GatedAction(name="fulfil_order", node="review_plan")
 
 CHARGE_CARD = GatedAction(
     name="charge_card",
@@ -115,6 +165,60 @@ def plan_fulfilment(state: FulfilmentState) -> FulfilmentState:
         },
     ]
     return {"steps": steps}
+
+
+def _explained(step: dict[str, Any]) -> dict[str, str]:
+    """What a reviewer of the plan reads about one step."""
+    action, args = step["action"], step["args"]
+    if action == "reserve_stock":
+        held = ", ".join(f"{line['qty']} x {line['sku']}" for line in args["lines"])
+        return {
+            "reason": "the items must be held before the card is charged",
+            "affects": f"holds {held} in the warehouse for order {args['order_id']}",
+            "if_denied": "nothing is held, charged, booked or sent",
+        }
+    if action == "charge_card":
+        return {
+            "reason": "the order is paid by card when it is dispatched",
+            "affects": f"charges {args['amount']} {args['currency']} to the "
+            "customer's card",
+            "if_denied": "nothing is charged; the reserved stock is released",
+        }
+    if action == "book_courier":
+        return {
+            "reason": "the parcels need a courier",
+            "affects": f"books a courier for {args['parcels']} parcel(s)",
+            "if_denied": "no courier comes: the customer collects the order",
+        }
+    return {
+        "reason": "the customer is told when the order leaves",
+        "affects": "sends the customer one message",
+        "if_denied": "the customer is not told",
+    }
+
+
+def review_plan(state: FulfilmentState) -> FulfilmentState:
+    steps = state["steps"]
+    order_id = state["order"]["id"]
+    decision = interrupt(
+        {
+            "action": "fulfil_order",
+            "gate": "plan",
+            "args": {"steps": [{**step, **_explained(step)} for step in steps]},
+            "reason": f"order {order_id} is paid for and in stock",
+            "affects": "the warehouse's stock, the customer's card, a courier and "
+            "the customer's inbox, in that order",
+            "if_denied": "no step runs: nothing is held, charged, booked or sent; "
+            "the order stays open for a person",
+        }
+    )
+    if not decision.get("approved"):
+        return {"steps": [], "plan_review": decision, "outcome": "declined"}
+    approved = [
+        {"action": step["action"], "args": step["args"]}
+        for step in decision["args"]["steps"]
+    ]
+    return {"steps": approved, "plan_review": decision}
 
 
 def _args(state: FulfilmentState, action: str) -> dict[str, Any]:
@@ -245,17 +349,19 @@ def build_graph() -> StateGraph:
     tells the customer; undoes what it did if a step fails for good."""
     graph = StateGraph(FulfilmentState)
     graph.add_node("plan_fulfilment", plan_fulfilment)
+    graph.add_node("review_plan", review_plan)
     for name, node in zip(
         STEPS, (reserve_stock, charge_card, book_courier, notify_customer), strict=True
     ):
         graph.add_node(name, node)
         graph.add_conditional_edges(name, next_step, [*STEPS, END])
     graph.add_edge(START, "plan_fulfilment")
-    graph.add_conditional_edges("plan_fulfilment", next_step, [*STEPS, END])
+    graph.add_edge("plan_fulfilment", "review_plan")
+    graph.add_conditional_edges("review_plan", next_step, [*STEPS, END])
     return graph
 
 
 # Declarations the registry reads (see runs.registry.AgentSpec).
 build_graph.safe_metadata_keys = frozenset({"order_id", "channel"})
 build_graph.safe_args = SAFE_ARGS
-build_graph.actions = [CHARGE_CARD]
+build_graph.actions = [FULFIL_ORDER, CHARGE_CARD, *PLAN_STEPS]

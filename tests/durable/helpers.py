@@ -47,6 +47,14 @@ def decide(client, thread_id: str, **decision: Any) -> str:
     return response.json()["resumed_run"]["run_id"]
 
 
+def plan_approved(client, thread_id: str, run_id: str) -> str:
+    """The run stopped at its plan gate first (the bundled `fulfilment`
+    agent asks approval for its whole plan): approve the plan as it is; the
+    id of the run that carries it out."""
+    assert wait_run(run_id).status == "interrupted"
+    return decide(client, thread_id)
+
+
 def state(client, thread_id: str) -> dict:
     response = client.get(f"/api/v1/threads/{thread_id}/state")
     assert response.status_code == 200, response.content

@@ -19,7 +19,7 @@ from gatehouse import durable
 from runs.models import Run, Thread, ToolCall
 from runs.services import run_retry
 from tests.demo.test_fulfilment import order
-from tests.durable.helpers import InProcess, start, wait_run
+from tests.durable.helpers import InProcess, plan_approved, start, wait_run
 from tests.factories import api_client, make_api_key, make_member, tenant_with_client
 from tests.workers import doomed_worker, wait_for
 
@@ -40,7 +40,8 @@ def kinds(thread_id: str, *names: str) -> list[tuple[str, str]]:
 @pytest.mark.worker
 def test_a_call_that_succeeds_on_its_third_attempt_keeps_one_key(worker):
     _, client = tenant_with_client()
-    run = wait_run(start(client, "fulfilment", "o-1", order(courier_outages=2)))
+    started = start(client, "fulfilment", "o-1", order(courier_outages=2))
+    run = wait_run(plan_approved(client, "o-1", started))
     assert run.status == "succeeded"
 
     call = ToolCall.objects.get(tool="courier.book")
@@ -67,7 +68,8 @@ def test_a_call_that_succeeds_on_its_third_attempt_keeps_one_key(worker):
 @pytest.mark.worker
 def test_a_refused_booking_undoes_the_charge_then_the_reservation(worker):
     _, client = tenant_with_client()
-    run_id = start(client, "fulfilment", "o-2", order(courier_refuses=True))
+    started = start(client, "fulfilment", "o-2", order(courier_refuses=True))
+    run_id = plan_approved(client, "o-2", started)
     assert wait_run(run_id).status == "failed"
 
     body = client.get(f"/api/v1/threads/o-2/runs/{run_id}").json()
@@ -101,7 +103,8 @@ def test_a_refused_booking_undoes_the_charge_then_the_reservation(worker):
 @pytest.mark.worker
 def test_a_courier_down_past_its_retries_fails_for_good_and_compensates(worker):
     _, client = tenant_with_client()
-    run_id = start(client, "fulfilment", "o-3", order(courier_outages=5))
+    started = start(client, "fulfilment", "o-3", order(courier_outages=5))
+    run_id = plan_approved(client, "o-3", started)
     run = wait_run(run_id)
     assert (run.status, run.compensation) == ("failed", "compensated")
     error = client.get(f"/api/v1/threads/o-3/runs/{run_id}").json()["error"]
@@ -116,12 +119,21 @@ def test_a_courier_down_past_its_retries_fails_for_good_and_compensates(worker):
 @pytest.mark.worker
 def test_a_denied_charge_releases_the_reserved_stock(worker):
     tenant, client = tenant_with_client()
-    run = wait_run(start(client, "fulfilment", "o-4", order(amount="900.00")))
-    assert run.status == "interrupted"
-    request = ApprovalRequest.objects.get()
+    started = start(client, "fulfilment", "o-4", order(amount="900.00"))
+    # The plan is high risk too (the charge is): a person approves it beside
+    # the service key.
     reviewer = api_client(
         make_api_key(tenant, ["approvals"], user=make_member(tenant).user)[1]
     )
+    assert wait_run(started).status == "interrupted"
+    plan = ApprovalRequest.objects.get(gate="plan")
+    for decider in (reviewer, client):
+        approved = decider.post(
+            f"/api/v1/approvals/{plan.pk}/decision", {"approved": True}, format="json"
+        ).json()
+    run = wait_run(approved["resumed_run"]["run_id"])
+    assert run.status == "interrupted"
+    request = ApprovalRequest.objects.get(gate="action")
     denied = reviewer.post(
         f"/api/v1/approvals/{request.pk}/decision",
         {"approved": False, "note": "The customer asked us to cancel."},
@@ -146,7 +158,8 @@ def test_a_worker_killed_mid_compensation_neither_skips_nor_repeats_an_undo(work
     refund again, releases again with the same key, and ends compensated."""
     _, client = tenant_with_client()
     with doomed_worker(worker, GATEHOUSE_DEMO_UNDO_LATENCY="8"):
-        run_id = start(client, "fulfilment", "o-5", order(courier_refuses=True))
+        started = start(client, "fulfilment", "o-5", order(courier_refuses=True))
+        run_id = plan_approved(client, "o-5", started)
         wait_for(
             lambda: DemoStockReservation.objects.filter(
                 released_at__isnull=False
