@@ -57,20 +57,30 @@ def _field_for(value: Any, label: str) -> forms.Field:
     )
 
 
-class EditedArgsForm(forms.Form):
-    """The action's arguments, prefilled, to approve a changed version of it
-    (a smaller refund, say). Keys are fixed: an edit changes values, it does
-    not make another action. Arguments the agent does not declare editable are
-    read-only; the service refuses a changed one whatever the page sent, and
-    its errors are shown on the argument's field (`add_args_errors`)."""
+class _EditForm(forms.Form):
+    """An approval that changes what the agent asked: it needs a note."""
 
     note = forms.CharField(
         required=False,
         max_length=NOTE_MAX,
         widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
-        help_text="Required: why the arguments were changed.",
+        help_text="Required: why you changed what the agent asked.",
     )
     opening = forms.UUIDField(widget=forms.HiddenInput)
+
+    def clean(self):
+        data = super().clean()
+        if not (data.get("note") or "").strip():
+            self.add_error("note", EDIT_NEEDS_NOTE)
+        return data
+
+
+class EditedArgsForm(_EditForm):
+    """The action's arguments, prefilled, to approve a changed version of it
+    (a smaller refund, say). Keys are fixed: an edit changes values, it does
+    not make another action. Arguments the agent does not declare editable are
+    read-only; the service refuses a changed one whatever the page sent, and
+    its errors are shown on the argument's field (`add_args_errors`)."""
 
     def __init__(self, *args, original: dict[str, Any], editable: list[str], **kwargs):
         self.original = original
@@ -99,8 +109,6 @@ class EditedArgsForm(forms.Form):
 
     def clean(self):
         data = super().clean()
-        if not (data.get("note") or "").strip():
-            self.add_error("note", EDIT_NEEDS_NOTE)
         if any(name in self.errors for name in self.arg_names):
             return data
         edited = {key: data.get(name) for name, key in self.arg_names.items()}
@@ -126,20 +134,12 @@ PLAN_UNCHANGED = (
 )
 
 
-class EditedPlanForm(forms.Form):
+class EditedPlanForm(_EditForm):
     """A plan's steps, each with a "keep" box and its arguments prefilled, to
     approve the plan changed: steps removed, arguments edited (approvals.
     plans). As in EditedArgsForm, arguments the step's action does not declare
     editable are read-only, and the service refuses a changed one whatever the
     page sent; its errors are shown on the step's fields (`add_plan_errors`)."""
-
-    note = forms.CharField(
-        required=False,
-        max_length=NOTE_MAX,
-        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
-        help_text="Required: why the plan was changed.",
-    )
-    opening = forms.UUIDField(widget=forms.HiddenInput)
 
     def __init__(
         self,
@@ -204,8 +204,6 @@ class EditedPlanForm(forms.Form):
 
     def clean(self):
         data = super().clean()
-        if not (data.get("note") or "").strip():
-            self.add_error("note", EDIT_NEEDS_NOTE)
         if any(name in self.errors for name in self.arg_names):
             return data
         remove = [

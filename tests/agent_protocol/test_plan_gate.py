@@ -8,7 +8,7 @@ import pytest
 from langgraph_sdk.errors import ConflictError
 
 from approvals.models import ApprovalRequest
-from runs.models import Run
+from tests.agent_protocol.test_gate import _assert_refused_naming, _assert_untouched
 from tests.approvals.plan_helpers import order
 
 pytestmark = pytest.mark.worker
@@ -28,12 +28,6 @@ def test_a_command_resume_of_the_plan_gate_is_409_naming_the_request(sdk):
     ):
         with pytest.raises(ConflictError) as refused:
             client.runs.create(thread_id, "doc-plan", command=command)
-        assert refused.value.response.status_code == 409
-        assert str(request.pk) in str(refused.value.body)
-    request.refresh_from_db()
-    assert request.status == ApprovalRequest.Status.PENDING
-    assert client.threads.get(thread_id)["status"] == "interrupted"
-    assert not Run.objects.filter(
-        thread__thread_id=thread_id, kind=Run.Kind.RESUME
-    ).exists()
+        _assert_refused_naming(refused, request)
+    _assert_untouched(client, thread_id, request)
     assert not client.threads.get_state(thread_id)["values"].get("done")

@@ -37,16 +37,12 @@ def refund_payload(order_id: str, amount: str, currency: str = "EUR") -> dict:
     }
 
 
-def waiting_request(
-    tenant, *, amount: str = "40.00", thread_id: str | None = None
+def opened_request(
+    tenant, *, agent: str, thread_id: str, node: str, payload: dict
 ) -> ApprovalRequest:
-    number = next(_cases)
-    thread = thread_create(
-        tenant=tenant,
-        agent="refund",
-        actor=TESTS,
-        thread_id=thread_id or f"case-{number}",
-    )
+    """A thread of `agent`@1 whose run stopped at `node` with `payload`, and
+    the request the approvals service opened for it."""
+    thread = thread_create(tenant=tenant, agent=agent, actor=TESTS, thread_id=thread_id)
     thread.agent_version = "1"
     thread.status = Thread.Status.INTERRUPTED
     thread.save(update_fields=["agent_version", "status", "updated_at"])
@@ -56,13 +52,25 @@ def waiting_request(
         kind=Run.Kind.START,
         status=Run.Status.INTERRUPTED,
         agent_version="1",
-        next_nodes=["request_approval"],
+        next_nodes=[node],
     )
-    payload = refund_payload(f"A-{1000 + number}", amount)
     (request,) = approval_requests_open(
         run=run, interrupts=[Interrupt(value=payload, id=uuid.uuid4().hex)]
     )
     return ApprovalRequest.objects.select_related("thread", "tenant").get(pk=request.pk)
+
+
+def waiting_request(
+    tenant, *, amount: str = "40.00", thread_id: str | None = None
+) -> ApprovalRequest:
+    number = next(_cases)
+    return opened_request(
+        tenant,
+        agent="refund",
+        thread_id=thread_id or f"case-{number}",
+        node="request_approval",
+        payload=refund_payload(f"A-{1000 + number}", amount),
+    )
 
 
 def logged_in(user, **kwargs) -> Client:

@@ -5,15 +5,9 @@ and the same on the real worker."""
 from __future__ import annotations
 
 import itertools
-import uuid
-
-from langgraph.types import Interrupt
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_requests_open
-from audit.services import Actor
-from runs.models import Run, Thread
-from runs.services import thread_create
+from tests.approvals.helpers import opened_request
 from tests.durable.helpers import start, wait_run
 
 _cases = itertools.count(1)
@@ -57,33 +51,13 @@ def plan_payload(order: dict) -> dict:
 
 def waiting_plan(tenant, payload: dict | None = None, **order_fields):
     """A doc-plan thread stopped at its plan gate (not executed): its request."""
-    thread = thread_create(
-        tenant=tenant,
+    return opened_request(
+        tenant,
         agent="doc-plan",
-        actor=Actor.system("tests"),
         thread_id=f"order-{next(_cases)}",
+        node="review_plan",
+        payload=payload or plan_payload(order(**order_fields)),
     )
-    thread.agent_version = "1"
-    thread.status = Thread.Status.INTERRUPTED
-    thread.save(update_fields=["agent_version", "status", "updated_at"])
-    run = Run.objects.create(
-        tenant=tenant,
-        thread=thread,
-        kind=Run.Kind.START,
-        status=Run.Status.INTERRUPTED,
-        agent_version="1",
-        next_nodes=["review_plan"],
-    )
-    (request,) = approval_requests_open(
-        run=run,
-        interrupts=[
-            Interrupt(
-                value=payload or plan_payload(order(**order_fields)),
-                id=uuid.uuid4().hex,
-            )
-        ],
-    )
-    return ApprovalRequest.objects.select_related("thread", "tenant").get(pk=request.pk)
 
 
 def running_plan(client, thread_id: str, **order_fields) -> ApprovalRequest:
