@@ -10,8 +10,9 @@ import uuid
 import pytest
 from langgraph.types import Interrupt
 
+from approvals.content import payload_of, resume_value_of
 from approvals.models import Decision
-from approvals.services import approval_requests_open, payload_of, resume_value_of
+from approvals.services import approval_requests_open
 from audit.models import AuditEvent
 from runs.crypto import ThreadCipher
 from runs.models import Run
