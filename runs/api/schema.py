@@ -185,7 +185,15 @@ FIELD_DOCS: dict[str, tuple[str, object]] = {
     ),
 }
 # Integers named alike with different meanings, per component.
-COMPONENT_EXAMPLES = {("Timeline", "events"): 120, ("Verification", "events"): 3400}
+COMPONENT_EXAMPLES = {
+    ("Timeline", "events"): 120,
+    ("Verification", "events"): 3400,
+    # A plan change (approvals.plans): steps removed, a step's arguments.
+    ("PlanChangeRequest", "remove"): [3],
+    ("PlanChangeRequest", "args"): {
+        "2": {"order_id": "ORD-1", "amount": "40.00", "currency": "EUR"}
+    },
+}
 
 
 def examples_hook(result, generator, request, public):
