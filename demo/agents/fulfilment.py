@@ -27,6 +27,7 @@ import operator
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypedDict
 
+import pydantic
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import get_runtime
 from langgraph.types import interrupt
