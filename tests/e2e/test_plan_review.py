@@ -46,14 +46,14 @@ def test_plan_card_numbers_the_steps_and_a_changed_plan_runs_as_approved(
     )
     open_request(page, "order-500")
 
-    steps = page.locator("#desk-plan ol.desk-plan-steps > li")
+    steps = page.locator("#desk-plan-review ol.desk-plan-steps > li")
     assert steps.count() == 3
     assert [steps.nth(i).get_attribute("value") for i in range(3)] == ["1", "2", "3"]
     assert "charge_card" in steps.nth(1).inner_text()
     assert (
         "amount" in steps.nth(1).inner_text() and "80.00" in steps.nth(1).inner_text()
     )
-    assert '"steps"' not in page.inner_text("#desk-plan")  # a list, not JSON
+    assert '"steps"' not in page.inner_text("#desk-plan-review")  # a list, not JSON
 
     submit_plan(page, quantity="500")
     assert "step 1: quantity: Input should be less than or equal to 100" in (
@@ -78,7 +78,7 @@ def test_plan_card_numbers_the_steps_and_a_changed_plan_runs_as_approved(
     submit_plan(page, quantity="1", drop=3)
     page.screenshot(path=str(screenshot_dir / "desk-plan-approved.png"), full_page=True)
     assert wait_run(resumed_run_id(page)).status == "succeeded"
-    card = page.inner_text("#desk-plan")
+    card = page.inner_text("#desk-plan-review")
     assert "step 1 reserve_stock quantity 2 → 1" in card
     assert "step 3 notify_customer removed" in card
     assert [entry["action"] for entry in state(api, "order-500")["done"]] == [
