@@ -82,7 +82,9 @@ def test_decided_rows_show_who_decided_and_when(tenant, people):
     html = logged_in(people["sam"]).get(QUEUE).content.decode()
 
     assert '<td class="field-decided_by">rita</td>' in html
-    stamp = approval.decided_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    stamp = approval.decided_at.strftime(
+        '<span class="desk-nowrap">%Y-%m-%d</span><br>%H:%M:%S UTC'
+    )
     assert f'<td class="field-decided_at_text">{stamp}</td>' in html
     assert "not damaged" not in html  # notes stay on the card
 
