@@ -103,6 +103,10 @@ class StaleAttempt(Exception):
     """A newer attempt of the run has published: this one lost its lease."""
 
 
+# The client-side bound of a blocked read: above any `idle` a reader passes.
+BLOCKED_READ_TIMEOUT = 60.0
+
+
 class RedisLog:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -123,7 +127,11 @@ class RedisLog:
         loop = asyncio.get_running_loop()
         client = self._async.get(loop)
         if client is None:
-            client = redis.asyncio.Redis.from_url(self.url)
+            # A read blocks up to its caller's idle time (XREAD BLOCK); redis-py's
+            # own read timeout (5 s by default) would cut it short and raise.
+            client = redis.asyncio.Redis.from_url(
+                self.url, socket_timeout=BLOCKED_READ_TIMEOUT
+            )
             self._async[loop] = client
         return client
 
@@ -141,6 +149,7 @@ class RedisLog:
     async def read(
         self, run_id, after: EventId, timeout: float
     ) -> list[tuple[EventId, str, bytes]]:
+        timeout = min(timeout, BLOCKED_READ_TIMEOUT / 2)
         reply = await self._async_client().xread(
             {self.key(run_id): str(after)},
             count=BATCH,
