@@ -162,7 +162,6 @@ class Filler:
                 threads = []
                 for tenant, _ in batch:
                     self.serial += 1
-                    key = crypto.new_data_key(tenant_id=tenant.pk)
                     threads.append(
                         Thread(
                             tenant=tenant,
@@ -170,11 +169,18 @@ class Filler:
                             agent_name="refund",
                             agent_version="1",
                             status="idle" if decided else "interrupted",
-                            wrapped_data_key=key.wrapped,
-                            data_key_id=key.key_id,
                         )
                     )
                 Thread.objects.bulk_create(threads)
+                # Each wrapped key is bound to its thread's pk, known now.
+                for thread in threads:
+                    key = crypto.new_data_key(
+                        tenant_id=thread.tenant_id,
+                        owner=crypto.thread_key_owner(thread.pk),
+                    )
+                    thread.wrapped_data_key = key.wrapped
+                    thread.data_key_id = key.key_id
+                Thread.objects.bulk_update(threads, ["wrapped_data_key", "data_key_id"])
                 runs = [
                     Run(
                         tenant=thread.tenant,

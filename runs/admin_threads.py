@@ -13,6 +13,7 @@ URL name.
 from __future__ import annotations
 
 import json
+import logging
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -26,11 +27,13 @@ from django.views.decorators.http import require_POST
 from audit.services import Actor
 from runs import permissions
 from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, user_can
-from runs.crypto import ThreadDeleted
+from runs.crypto import CryptoError, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict, VersionSkew
 from runs.models import Checkpoint, Run, Thread
 from runs.selectors import state_body
 from runs.services import run_retry, thread_close, thread_state
+
+logger = logging.getLogger(__name__)
 
 THREAD_TEMPLATE = "admin/runs/thread/detail.html"
 TIMELINE_ENTRIES = 200
@@ -221,6 +224,12 @@ class ThreadAdmin(ReadOnlyScopedAdmin):
             )
         except ThreadDeleted:
             return None, "The thread was deleted: its content is gone."
+        except CryptoError as exc:
+            logger.error("state of thread %s unreadable: %s", thread.pk, exc)
+            return None, (
+                f"The state is unreadable ({type(exc).__name__}): what is stored "
+                "failed authentication (altered, or copied from another thread)."
+            )
         except (InvalidRequest, VersionSkew) as exc:
             detail = exc.detail
             if isinstance(detail, dict):

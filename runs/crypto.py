@@ -10,12 +10,15 @@ user, a model or a tool produced is encrypted with the thread's data key
 (AES-256-GCM, a random 96-bit nonce per ciphertext). docs/checkpoints.md has
 the byte formats; in short::
 
-    ciphertext = 0x01 | nonce (12) | AES-256-GCM(data key, plaintext, aad)
-    aad        = msgpack(["gatehouse", 1, tenant pk, thread pk, kind, *row])
+    ciphertext  = 0x01 | nonce (12) | AES-256-GCM(data key, plaintext, aad)
+    aad         = msgpack(["gatehouse", 1, tenant pk, thread pk, kind, *row])
+    wrapped key = 0x02 | nonce (12) | AES-256-GCM(master key, data key, wrap aad)
+    wrap aad    = msgpack(["gatehouse-data-key", 2, master key id, tenant pk,
+                           "thread", thread pk])
 
 The associated data names the tenant, the thread and the row a ciphertext
 belongs to, so a ciphertext copied to another row, thread or tenant fails to
-decrypt. A stored value that does not start with the format byte is refused,
+decrypt; a wrapped key copied to another thread (or tenant) does not unwrap. A stored value that does not start with the format byte is refused,
 never read as plaintext.
 
 The API for everything that stores thread content (checkpoints here; run
@@ -44,8 +47,10 @@ that seals the audit trail's blocks and signs its heads (audit.sealing). It
 lives outside the database, so someone who can write the audit tables cannot
 forge a seal.
 
-`new_data_key()` makes a thread's key (`Thread.objects.create_with_data_key`
-calls it), `rewrap_data_key()` moves one to the active master key
+`new_data_key()` makes a key for one row (`Thread.objects.create_with_data_key`
+calls it with the thread's `thread_key_owner()`; webhook subscriptions wrap
+their signing secrets the same way), `rewrap_data_key()` moves one to the
+active master key
 (`runs.storage.data_keys_rotate`), `forget_data_key()` drops a destroyed one
 from this process's cache (`runs.storage.threads_shred`). A thread whose
 wrapped key is gone (shredded) raises `ThreadDeleted` on any use.
@@ -212,6 +217,8 @@ class TamperedCiphertext(CryptoError):
 # --- Formats ---------------------------------------------------------------------
 
 FORMAT_V1 = 0x01
+# Wrapped data keys whose associated data names the row they belong to.
+WRAP_FORMAT = 0x02
 NONCE_BYTES = 12
 TAG_BYTES = 16
 DATA_KEY_BYTES = 32
@@ -229,14 +236,23 @@ _DATA_KEY_CACHE_SIZE = 10_000
 _cache_lock = threading.Lock()
 
 
-def _seal(aead: AESGCM, plaintext: bytes, aad: bytes) -> bytes:
+def _seal(
+    aead: AESGCM, plaintext: bytes, aad: bytes, *, version: int = FORMAT_V1
+) -> bytes:
     nonce = os.urandom(NONCE_BYTES)
-    return bytes((FORMAT_V1,)) + nonce + aead.encrypt(nonce, plaintext, aad)
+    return bytes((version,)) + nonce + aead.encrypt(nonce, plaintext, aad)
 
 
-def _open(aead: AESGCM, blob: bytes | memoryview, aad: bytes, what: str) -> bytes:
+def _open(
+    aead: AESGCM,
+    blob: bytes | memoryview,
+    aad: bytes,
+    what: str,
+    *,
+    version: int = FORMAT_V1,
+) -> bytes:
     blob = bytes(blob)
-    if len(blob) < 1 + NONCE_BYTES + TAG_BYTES or blob[0] != FORMAT_V1:
+    if len(blob) < 1 + NONCE_BYTES + TAG_BYTES or blob[0] != version:
         lead = f"0x{blob[0]:02x}" if blob else "nothing"
         raise NotCiphertext(
             f"{what} is not Gatehouse ciphertext (format byte {lead}, "
@@ -272,40 +288,100 @@ class WrappedDataKey:
     key_id: str
 
 
-def _wrap_aad(key_id: str, tenant_id: int) -> bytes:
+# What a wrapped key belongs to: its kind and the row's primary key, e.g.
+# ("thread", 42) or ("webhook-subscription", "0f3c..."). With the tenant, it is
+# the wrap's associated data, so a wrapped key copied to another row (of the
+# same tenant or not) does not unwrap.
+KeyOwner = tuple[str, int | str]
+
+
+def _wrap_aad(key_id: str, tenant_id: int, owner: KeyOwner) -> bytes:
+    kind, pk = owner
+    return _pack([_WRAP_AAD_PREFIX, WRAP_FORMAT, key_id, tenant_id, kind, pk])
+
+
+def _legacy_wrap_aad(key_id: str, tenant_id: int) -> bytes:
+    # Before the wrap named its row: bound to the master key and tenant only.
     return _pack([_WRAP_AAD_PREFIX, FORMAT_V1, key_id, tenant_id])
 
 
-def _wrap(data_key: bytes, *, tenant_id: int, ring: KeyRing) -> WrappedDataKey:
+def _wrap(
+    data_key: bytes, *, tenant_id: int, owner: KeyOwner, ring: KeyRing
+) -> WrappedDataKey:
     key_id = ring.active_id
-    wrapped = _seal(AESGCM(ring.key(key_id)), data_key, _wrap_aad(key_id, tenant_id))
+    wrapped = _seal(
+        AESGCM(ring.key(key_id)),
+        data_key,
+        _wrap_aad(key_id, tenant_id, owner),
+        version=WRAP_FORMAT,
+    )
     return WrappedDataKey(wrapped=wrapped, key_id=key_id)
 
 
-def new_data_key(*, tenant_id: int) -> WrappedDataKey:
-    """A fresh random data key, wrapped by the active master key."""
+def new_data_key(*, tenant_id: int, owner: KeyOwner) -> WrappedDataKey:
+    """A fresh random data key for the row `owner`, wrapped by the active
+    master key."""
     return _wrap(
-        secrets.token_bytes(DATA_KEY_BYTES), tenant_id=tenant_id, ring=keyring()
+        secrets.token_bytes(DATA_KEY_BYTES),
+        tenant_id=tenant_id,
+        owner=owner,
+        ring=keyring(),
     )
 
 
-def unwrap_data_key(*, wrapped: bytes, key_id: str, tenant_id: int) -> bytes:
-    ring = keyring()
-    master = AESGCM(ring.key(key_id))
+def is_legacy_wrap(wrapped: bytes | memoryview) -> bool:
+    """A key wrapped before wraps named their row (runs migration 0013
+    rewraps them)."""
+    return bytes(wrapped[:1]) == bytes((FORMAT_V1,))
+
+
+def unwrap_data_key(
+    *, wrapped: bytes, key_id: str, tenant_id: int, owner: KeyOwner
+) -> bytes:
+    """The data key of the row `owner`; TamperedCiphertext if the wrapped key
+    belongs to another row or tenant, or was altered."""
+    master = AESGCM(keyring().key(key_id))
+    what = f"data key of {owner[0]} {owner[1]} wrapped by {key_id!r}"
+    if is_legacy_wrap(wrapped):
+        raise TamperedCiphertext(
+            f"{what} is in the format before keys were bound to their row; "
+            "`manage.py migrate` rewraps such keys"
+        )
     return _open(
-        master, wrapped, _wrap_aad(key_id, tenant_id), f"data key wrapped by {key_id!r}"
+        master,
+        wrapped,
+        _wrap_aad(key_id, tenant_id, owner),
+        what,
+        version=WRAP_FORMAT,
     )
 
 
 def rewrap_data_key(
-    *, wrapped: bytes, key_id: str, tenant_id: int
+    *, wrapped: bytes, key_id: str, tenant_id: int, owner: KeyOwner
 ) -> WrappedDataKey | None:
-    """The data key wrapped by the active master key; None if it already is."""
+    """The data key wrapped by the active master key, bound to `owner`; None if
+    it already is.
+
+    A key in the format before wraps named their row is read under the
+    associated data it was written with and bound to `owner`: the upgrade
+    (runs migration 0013), and the rotation of a key whose master key was
+    missing from the ring when the upgrade ran.
+    """
     ring = keyring()
-    if key_id == ring.active_id:
+    if is_legacy_wrap(wrapped):
+        data_key = _open(
+            AESGCM(ring.key(key_id)),
+            wrapped,
+            _legacy_wrap_aad(key_id, tenant_id),
+            f"data key of {owner[0]} {owner[1]} wrapped by {key_id!r}",
+        )
+    elif key_id == ring.active_id:
         return None
-    data_key = unwrap_data_key(wrapped=wrapped, key_id=key_id, tenant_id=tenant_id)
-    return _wrap(data_key, tenant_id=tenant_id, ring=ring)
+    else:
+        data_key = unwrap_data_key(
+            wrapped=wrapped, key_id=key_id, tenant_id=tenant_id, owner=owner
+        )
+    return _wrap(data_key, tenant_id=tenant_id, owner=owner, ring=ring)
 
 
 def _data_key_aead(
@@ -316,7 +392,12 @@ def _data_key_aead(
     aead = ring.data_keys.get(cache_key)
     if aead is None:
         aead = AESGCM(
-            unwrap_data_key(wrapped=wrapped, key_id=key_id, tenant_id=tenant_id)
+            unwrap_data_key(
+                wrapped=wrapped,
+                key_id=key_id,
+                tenant_id=tenant_id,
+                owner=thread_key_owner(thread_pk),
+            )
         )
         with _cache_lock:
             if len(ring.data_keys) >= _DATA_KEY_CACHE_SIZE:
@@ -324,6 +405,14 @@ def _data_key_aead(
                 ring.data_keys.pop(next(iter(ring.data_keys)))
             ring.data_keys[cache_key] = aead
     return aead
+
+
+THREAD_KEY_OWNER = "thread"
+
+
+def thread_key_owner(thread_pk: int) -> KeyOwner:
+    """What a thread's wrapped data key is bound to, besides its tenant."""
+    return (THREAD_KEY_OWNER, thread_pk)
 
 
 def forget_data_key(thread_pk: int) -> None:

@@ -33,19 +33,27 @@ runs.checkpointer) and makes later writes wait, then find the thread dead.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.apps import apps
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, migrations, transaction
 from django.db.models import Count, DateTimeField, F, Q, Value, Window
 from django.db.models.functions import Coalesce, RowNumber
 from django.utils import timezone
 
 from runs import crypto
-from runs.models import ChannelBlob, Checkpoint, PendingWrite, Thread, ThreadContent
+from runs.models import (
+    ChannelBlob,
+    Checkpoint,
+    PendingWrite,
+    Thread,
+    ThreadContent,
+    WrappedKey,
+)
 
 _BATCH = 500
 # What each content table's rows are called in the counts callers report.
@@ -390,6 +398,7 @@ def data_keys_rotate(
                         wrapped=bytes(thread.wrapped_data_key),
                         key_id=thread.data_key_id,
                         tenant_id=thread.tenant_id,
+                        owner=crypto.thread_key_owner(thread.pk),
                     )
                     thread.wrapped_data_key = rewrapped.wrapped
                     thread.data_key_id = rewrapped.key_id
@@ -426,6 +435,7 @@ def _declared_keys_rotate(ring: crypto.KeyRing, db: str) -> dict[str, int]:
                         wrapped=bytes(getattr(row, key.wrapped)),
                         key_id=getattr(row, key.key_id),
                         tenant_id=getattr(row, key.tenant),
+                        owner=key.owner_of(row),
                     )
                     setattr(row, key.wrapped, new.wrapped)
                     setattr(row, key.key_id, new.key_id)
@@ -433,3 +443,64 @@ def _declared_keys_rotate(ring: crypto.KeyRing, db: str) -> dict[str, int]:
                     label = model._meta.label
                     rewrapped[label] = rewrapped.get(label, 0) + 1
     return rewrapped
+
+
+def legacy_wraps_upgrade(
+    rows, *, key: WrappedKey, batch_size: int = 500
+) -> dict[str, int]:
+    """Bind every key wrapped in the format before wraps named their row to
+    its row (runs.crypto.rewrap_data_key), under the active master key.
+
+    `rows` is a queryset of the model holding the wrapped keys `key` declares
+    (a migration passes its historical model's). Returns {"upgraded": n,
+    "missing_key": n}: a key whose master key is not in the ring cannot be
+    read, and stays as it is until that key is back in the ring and
+    `rotate_master_key` runs.
+    """
+    ring = crypto.keyring()
+    counts = {"upgraded": 0, "missing_key": 0}
+    rows = rows.filter(**{f"{key.wrapped}__isnull": False}).order_by("pk")
+    fields = [key.wrapped, key.key_id]
+    batch = list(rows.only("pk", key.tenant, *fields)[:batch_size])
+    while batch:
+        changed = []
+        for row in batch:
+            blob = bytes(getattr(row, key.wrapped))
+            if not crypto.is_legacy_wrap(blob):
+                continue
+            if getattr(row, key.key_id) not in ring.keys:
+                counts["missing_key"] += 1
+                continue
+            new = crypto.rewrap_data_key(
+                wrapped=blob,
+                key_id=getattr(row, key.key_id),
+                tenant_id=getattr(row, key.tenant),
+                owner=key.owner_of(row),
+            )
+            setattr(row, key.wrapped, new.wrapped)
+            setattr(row, key.key_id, new.key_id)
+            changed.append(row)
+        rows.model._default_manager.using(rows.db).bulk_update(changed, fields)
+        counts["upgraded"] += len(changed)
+        after = rows.filter(pk__gt=batch[-1].pk)
+        batch = list(after.only("pk", key.tenant, *fields)[:batch_size])
+    return counts
+
+
+def legacy_wraps_migration(model: str, key: WrappedKey, what: str):
+    """The migration operation that runs `legacy_wraps_upgrade` over `model`
+    ("app_label.Model"), saying how many `what` it could not read."""
+
+    def bind(apps, schema_editor) -> None:
+        rows = apps.get_model(model).objects.using(schema_editor.connection.alias)
+        missing = legacy_wraps_upgrade(rows, key=key)["missing_key"]
+        if missing:
+            # A migration has no other channel to the operator running it.
+            sys.stdout.write(
+                f"\n  {missing} {what} are wrapped by a master key not in "
+                "GATEHOUSE_MASTER_KEYS and were left as they are: put the key "
+                "back in the ring and run `manage.py rotate_master_key`.\n"
+            )
+
+    # Going back leaves the keys bound: the older format is not written again.
+    return migrations.RunPython(bind, migrations.RunPython.noop)

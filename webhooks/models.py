@@ -30,6 +30,10 @@ EVENTS = (
 )
 
 
+# The kind of row a subscription's wrapped secret names (runs.crypto.KeyOwner).
+SECRET_KEY_OWNER = "webhook-subscription"
+
+
 def origin(url: str) -> str:
     """scheme://host[:port] of a URL: what the delivery log shows of a target
     (a path or a query may carry a token)."""
@@ -62,7 +66,9 @@ class WebhookSubscription(models.Model):
     objects = TenantOwnedQuerySet.as_manager()
 
     # Rewrapped by `manage.py rotate_master_key` with the threads' keys.
-    wrapped_keys = (WrappedKey("wrapped_secret", "secret_key_id"),)
+    wrapped_keys = (
+        WrappedKey("wrapped_secret", "secret_key_id", owner=SECRET_KEY_OWNER),
+    )
 
     class Meta:
         ordering = ["tenant", "created_at"]
@@ -73,6 +79,11 @@ class WebhookSubscription(models.Model):
     @property
     def origin(self) -> str:
         return origin(self.url)
+
+    @property
+    def secret_key_owner(self) -> tuple[str, str]:
+        """What the wrapped secret is bound to (runs.crypto.KeyOwner)."""
+        return self.wrapped_keys[0].owner_of(self)
 
 
 class WebhookDelivery(models.Model):

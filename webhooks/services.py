@@ -102,6 +102,7 @@ def _secret(subscription: WebhookSubscription) -> bytes:
         wrapped=bytes(subscription.wrapped_secret),
         key_id=subscription.secret_key_id,
         tenant_id=subscription.tenant_id,
+        owner=subscription.secret_key_owner,
     )
 
 
@@ -125,16 +126,18 @@ def subscription_create(
     actor: Actor,
     include_content: bool = False,
 ) -> IssuedSubscription:
-    key = crypto.new_data_key(tenant_id=tenant.pk)
-    subscription = WebhookSubscription.objects.create(
+    subscription = WebhookSubscription(
         tenant=tenant,
         url=url_check(url),
         events=_check_events(events_wanted),
         include_content=include_content,
-        wrapped_secret=key.wrapped,
-        secret_key_id=key.key_id,
         created_by=actor.label,
     )
+    # The id is chosen before the row is saved: the wrap is bound to it.
+    key = crypto.new_data_key(tenant_id=tenant.pk, owner=subscription.secret_key_owner)
+    subscription.wrapped_secret = key.wrapped
+    subscription.secret_key_id = key.key_id
+    subscription.save(force_insert=True)
     record(
         tenant=tenant,
         kind=events.WEBHOOK_SUBSCRIBED,

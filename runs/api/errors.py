@@ -12,7 +12,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from runs.errors import ApiError
+from runs.crypto import CryptoError, ThreadDeleted
+from runs.errors import ApiError, StateConflict
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,25 @@ def _flatten(detail) -> object:
     return str(detail)
 
 
+def _unreadable(exc: CryptoError) -> exceptions.APIException:
+    """Stored content that cannot be decrypted: a thread deleted while the
+    request read it is gone (404); anything else failed authentication
+    (altered, or copied from another row or thread) and is refused for this
+    request only, never a 500 that would hide which content it was."""
+    if isinstance(exc, ThreadDeleted):
+        return exceptions.NotFound("The thread was deleted.")
+    logger.error("stored content unreadable: %s", exc)
+    return StateConflict(
+        "This content cannot be read: what is stored failed authentication "
+        "(altered, or copied from another thread). The rest of the thread's "
+        "records are unaffected; the server log names the value.",
+        code="content_unreadable",
+    )
+
+
 def exception_handler(exc, context) -> Response | None:
+    if isinstance(exc, CryptoError):
+        exc = _unreadable(exc)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

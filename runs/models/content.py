@@ -10,6 +10,7 @@ being removed, and reports the rows by each declaration's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,14 @@ class WrappedKey:
     about to leave the ring. A model sets `wrapped_keys = (WrappedKey(...),)`."""
 
     # The columns of the wrapped key, of the id of the master key that wraps
-    # it, and of the tenant it is bound to.
+    # it, and of the tenant it is bound to; `owner` names the kind of row in
+    # the wrap's associated data, with the row's primary key
+    # (runs.crypto.KeyOwner), so the key unwraps in no other row.
     wrapped: str
     key_id: str
+    owner: str
     tenant: str = "tenant_id"
+
+    def owner_of(self, row: Any) -> tuple[str, int | str]:
+        """The wrap's owner for `row` (runs.crypto.KeyOwner): a UUID as text."""
+        return (self.owner, row.pk if isinstance(row.pk, int) else str(row.pk))

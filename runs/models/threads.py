@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -26,15 +26,23 @@ class ThreadQuerySet(TenantOwnedQuerySet):
     def create_with_data_key(
         self, *, tenant: Tenant, thread_id: str, **fields: Any
     ) -> Thread:
-        """A new thread with a fresh data key wrapped by the active master key."""
-        key = crypto.new_data_key(tenant_id=tenant.pk)
-        return self.create(
-            tenant=tenant,
-            thread_id=thread_id,
-            wrapped_data_key=key.wrapped,
-            data_key_id=key.key_id,
-            **fields,
-        )
+        """A new thread with a fresh data key wrapped by the active master key.
+
+        The wrap is bound to the thread's primary key, known once the row is
+        inserted: the key is written in the same transaction, so no one ever
+        sees the row without it.
+        """
+        with transaction.atomic(using=self.db, savepoint=False):
+            thread = self.create(tenant=tenant, thread_id=thread_id, **fields)
+            key = crypto.new_data_key(
+                tenant_id=tenant.pk, owner=crypto.thread_key_owner(thread.pk)
+            )
+            self.filter(pk=thread.pk).update(
+                wrapped_data_key=key.wrapped, data_key_id=key.key_id
+            )
+        thread.wrapped_data_key = key.wrapped
+        thread.data_key_id = key.key_id
+        return thread
 
 
 class Thread(models.Model):

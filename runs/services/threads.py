@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from typing import Any
@@ -17,9 +18,12 @@ from audit.redaction import MAX_TEXT, is_clear_scalar
 from audit.services import Actor, record
 from runs import gates, registry, selectors
 from runs.checkpointer import DjangoSaver
+from runs.crypto import CryptoError, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict
 from runs.graphs import compile_for, spec_for, thread_config
 from runs.models import Run, Tenant, Thread
+
+logger = logging.getLogger(__name__)
 
 THREAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$")
 # Metadata key an agent's client uses to tag the data subject of a thread; it
@@ -279,8 +283,15 @@ def thread_state(
 
 def thread_interrupts_read(*, thread: Thread, actor: Actor) -> list[dict[str, Any]]:
     """The values of the thread's open interrupts, decrypted; audited as one
-    `thread.read` event when there were any to decrypt."""
-    interrupts = selectors.thread_interrupts(thread)
+    `thread.read` event when there were any to decrypt. Content that fails to
+    decrypt is one interrupt shown as unreadable: the thread's page works."""
+    try:
+        interrupts = selectors.thread_interrupts(thread)
+    except CryptoError as exc:
+        if isinstance(exc, ThreadDeleted):
+            raise
+        logger.error("interrupts of thread %s unreadable: %s", thread.pk, exc)
+        return [{"id": "", "value": {"unreadable": type(exc).__name__}}]
     if interrupts:
         record(
             tenant=thread.tenant,

@@ -117,6 +117,7 @@ def test_data_key_is_bound_to_its_tenant():
             wrapped=thread.wrapped_data_key,
             key_id=thread.data_key_id,
             tenant_id=thread.tenant_id + 1,
+            owner=crypto.thread_key_owner(thread.pk),
         )
 
 
