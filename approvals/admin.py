@@ -32,6 +32,7 @@ from approvals.forms import AssignForm, DecisionForm, EditedArgsForm, EditedPlan
 from approvals.models import PENDING_FIRST, ApprovalRequest
 from approvals.plans import InvalidPlan
 from audit.export import CONTENT_TYPES, ExportResponse
+from audit.services import Actor
 from runs import permissions
 from runs.admin_scoping import (
     ScopedTenantFilter,
@@ -131,6 +132,11 @@ class QueueChangeList(ChangeList):
         self.result_list = list(self.result_list)
         prefetch_related_objects(self.result_list, "decisions")
         cards.attach_payloads(self.result_list)
+        # One read of content for the page, per tenant on it.
+        services.approval_payloads_read(
+            approvals=[row for row in self.result_list if row.desk_payload],
+            actor=Actor.user(request.user),
+        )
 
 
 def _links(user, approval) -> dict[str, str]:
@@ -429,6 +435,13 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         status: int = 200,
     ):
         user = request.user
+        # Every page that shows a card is one read of the request's content.
+        services.approval_read(
+            approval=approval,
+            actor=Actor.user(user),
+            how="card",
+            checkpoint_id=card.get("context", {}).get("checkpoint_id", ""),
+        )
         already_approved = f"user:{user.pk}" in card.get("approved_by", [])
         # A reviewer whose approval counts already waits for a second one:
         # they are not offered Approve again (the service refuses it anyway).

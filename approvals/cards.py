@@ -28,7 +28,7 @@ from audit.services import Actor
 from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
 from runs.errors import VersionSkew
 from runs.selectors import jsonable
-from runs.services import thread_state
+from runs.services import thread_snapshot
 from runs.timezones import moment_text
 
 logger = logging.getLogger(__name__)
@@ -154,7 +154,8 @@ def plan_card(
 
 
 def attach_payloads(rows: Iterable[ApprovalRequest]) -> None:
-    """Decrypt the payload of each row, in Python, with no query per row.
+    """Decrypt the payload of each row, in Python, with no query per row. The
+    page that shows them records the read (services.approval_payloads_read).
 
     The rows must come with their thread (select_related): the thread row
     carries its wrapped key, and unwrapped keys are cached per process. Sets
@@ -241,11 +242,10 @@ def context_of(snapshot, shown: list[Any] = ()) -> dict[str, Any]:
     return context
 
 
-def _thread_context(
-    approval: ApprovalRequest, user, shown: list[Any]
-) -> dict[str, Any]:
+def _thread_context(approval: ApprovalRequest, shown: list[Any]) -> dict[str, Any]:
+    # Not audited on its own: the card's read (approval.read, "card") covers it.
     try:
-        snapshot = thread_state(thread=approval.thread, actor=Actor.user(user))
+        snapshot = thread_snapshot(thread=approval.thread)
     except ThreadDeleted:
         return {"unavailable": "the thread was deleted; its content is gone"}
     except VersionSkew as exc:
@@ -270,8 +270,9 @@ def _decision_entry(decision: Decision, cipher: ThreadCipher) -> dict[str, Any]:
 def card_fields(
     *, approval: ApprovalRequest, user, now: datetime.datetime | None = None
 ) -> dict[str, Any]:
-    """The card of a request as it is now, for `user`; reading the thread's
-    context is audited (thread.state_read).
+    """The card of a request as it is now, for `user`. Not audited here: the
+    page that shows it records one `approval.read` ("card") for the request's
+    payload, decisions and the thread's context together.
 
     Every value is a display string, number, bool or list/dict of those, so
     that the card's hash is stable and the card can be stored and shown again
@@ -354,7 +355,6 @@ def card_fields(
         "assigned_to": assignment.assignee.get_username() if assignment else "",
         "context": _thread_context(
             approval,
-            user,
             shown=[payload["action"], jsonable(payload["args"]), payload["reason"]],
         ),
         "thread_decisions": thread_decisions,

@@ -137,6 +137,11 @@ THREAD_READ = _declare(
     "thread.read", "thread read with {interrupts} interrupt value(s)", timeline=False
 )
 RUN_READ = _declare("run.read", "errors of {runs} run(s) read", timeline=False)
+# A page of several threads' states (a search under /langgraph/): one event,
+# the thread ids in its data, not one per thread.
+STATES_READ = _declare(
+    "thread.states_read", "state of {count} thread(s) read", timeline=False
+)
 THREAD_CLOSED = _declare(
     "thread.closed", "thread closed after its failed run by {actor}, with a note"
 )
@@ -193,7 +198,13 @@ APPROVAL_DECIDED = _declare(
     "approval.decided", "{action} {verdict} by {reviewer}{edit}"
 )
 APPROVAL_READ = _declare(
-    "approval.read", "{action} request read with its payload", timeline=False
+    "approval.read", "{action} request read with its payload ({how})", timeline=False
+)
+# The desk's queue: one event per page and tenant, the request ids in its data.
+APPROVALS_READ = _declare(
+    "approval.list_read",
+    "payloads of {count} request(s) read in the queue",
+    timeline=False,
 )
 
 # The reviewer's desk (approvals admin)

@@ -29,6 +29,7 @@ from retention.services import thread_deletion_request
 from runs import services
 from runs.api.fields import query_flag
 from runs.api.views import actor_for, require_time_travel
+from runs.crypto import CryptoError, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict
 from runs.models import Thread
 
@@ -47,11 +48,29 @@ def _snapshot(request, thread: Thread, **kwargs):
     return services.thread_state(thread=thread, actor=actor_for(request), **kwargs)
 
 
-def _thread_body(request, thread: Thread, select: list[str] | None = None) -> dict:
-    wants_state = not select or {"values", "interrupts"} & set(select)
-    snapshot = _snapshot(request, thread) if wants_state else None
-    body = shapes.thread_of(thread, snapshot)
+def _selected(body: dict, select: list[str] | None) -> dict:
     return {key: body[key] for key in select if key in body} if select else body
+
+
+def _wants_state(select: list[str] | None) -> bool:
+    """Whether a thread's body as selected shows content (a read to audit)."""
+    return not select or bool({"values", "interrupts"} & set(select))
+
+
+def _thread_body(request, thread: Thread, select: list[str] | None = None) -> dict:
+    snapshot = _snapshot(request, thread) if _wants_state(select) else None
+    return _selected(shapes.thread_of(thread, snapshot), select)
+
+
+def _searched(thread: Thread, state) -> dict:
+    """A thread of a search's page: one whose state could not be read shows
+    its values as unreadable, and the rest of the page is still served."""
+    if not isinstance(state, CryptoError):
+        return shapes.thread_of(thread, state)
+    body = shapes.thread_of(thread)
+    if not isinstance(state, ThreadDeleted):
+        body["values"] = {"unreadable": type(state).__name__}
+    return body
 
 
 def _agent_of(metadata: dict) -> str | None:
@@ -131,9 +150,16 @@ class ThreadSearchView(ProtocolView):
         order = SORT_FIELDS[body.get("sort_by") or "created_at"]
         descending = (body.get("sort_order") or "desc") == "desc"
         threads = threads.order_by(("-" if descending else "") + order, "pk")
-        page = threads[body["offset"] : body["offset"] + body["limit"]]
+        page = list(threads[body["offset"] : body["offset"] + body["limit"]])
+        select = body.get("select")
+        if not _wants_state(select):
+            return Response([_selected(shapes.thread_of(t), select) for t in page])
+        # One audit event for the page, naming the threads whose state it shows.
+        states = services.thread_states_read(
+            tenant=request.principal.tenant, threads=page, actor=actor_for(request)
+        )
         return Response(
-            [_thread_body(request, thread, body.get("select")) for thread in page]
+            [_selected(_searched(thread, states[thread.pk]), select) for thread in page]
         )
 
 
@@ -191,7 +217,7 @@ def _state_body(
         if snapshot is None
         else shapes.state_of(thread, snapshot)
     )
-    return {key: body[key] for key in select if key in body} if select else body
+    return _selected(body, select)
 
 
 class ThreadStateView(ProtocolView):
@@ -274,9 +300,9 @@ class ThreadHistoryView(ProtocolView):
             metadata=body.get("metadata"),
         )
         select = body.get("select")
-        states = [shapes.state_of(thread, snapshot) for snapshot in snapshots]
-        if select:
-            states = [
-                {key: state[key] for key in select if key in state} for state in states
+        return Response(
+            [
+                _selected(shapes.state_of(thread, snapshot), select)
+                for snapshot in snapshots
             ]
-        return Response(states)
+        )

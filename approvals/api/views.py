@@ -85,7 +85,7 @@ class ApprovalDetailView(APIView):
     def get(self, request, approval_id):
         approval = generics.get_object_or_404(_tenant_requests(request), pk=approval_id)
         body = _render(approval)
-        approval_read(approval=approval, actor=actor_for(request))
+        approval_read(approval=approval, actor=actor_for(request), how="detail")
         return Response(body)
 
 
@@ -138,6 +138,8 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
             plan=body.validated_data.get("plan"),
         )
         resumed = {"run_id": run.id, "status": run.status} if run else None
-        return Response(
-            _render(approval, DecisionResultSerializer, resumed_run=resumed)
-        )
+        body = _render(approval, DecisionResultSerializer, resumed_run=resumed)
+        # The answer shows the payload and the decisions: a read like the
+        # detail's, besides the decision itself.
+        approval_read(approval=approval, actor=actor_for(request), how="decision")
+        return Response(body)

@@ -20,6 +20,7 @@ from approvals.services.escalation import (
 from approvals.services.lifecycle import (
     approval_close,
     approval_event,
+    approval_payloads_read,
     approval_read,
     approval_settle,
     approvals_close_for_thread,
@@ -40,6 +41,7 @@ __all__ = [
     "approval_event",
     "approval_expire",
     "approval_interrupts_move",
+    "approval_payloads_read",
     "approval_read",
     "approval_requests_open",
     "approval_settle",

@@ -51,10 +51,38 @@ def approval_event(
     )
 
 
-def approval_read(*, approval: ApprovalRequest, actor: Actor) -> None:
+def approval_read(
+    *, approval: ApprovalRequest, actor: Actor, how: str, checkpoint_id: str = ""
+) -> None:
     """Audit one `approval.read` event for a response that decrypts the
-    request's payload (its detail over the API)."""
-    approval_event(approval=approval, kind=events.APPROVAL_READ, actor=actor)
+    request's content: `how` says which ("detail" and "decision" over the
+    API; "card" on the desk, which also shows the thread's state at
+    `checkpoint_id`)."""
+    approval_event(
+        approval=approval,
+        kind=events.APPROVAL_READ,
+        actor=actor,
+        how=how,
+        checkpoint_id=checkpoint_id,
+    )
+
+
+def approval_payloads_read(*, approvals: list[ApprovalRequest], actor: Actor) -> None:
+    """Audit a page that decrypted the payloads of `approvals` (the desk's
+    queue): one `approval.list_read` event per tenant, naming the requests."""
+    by_tenant: dict[int, list[ApprovalRequest]] = {}
+    for approval in approvals:
+        by_tenant.setdefault(approval.tenant_id, []).append(approval)
+    for shown in by_tenant.values():
+        record(
+            tenant=shown[0].tenant,
+            kind=events.APPROVALS_READ,
+            actor=actor,
+            data={
+                "count": len(shown),
+                "approval_ids": [str(approval.pk) for approval in shown[:100]],
+            },
+        )
 
 
 def locked_pending(approval: ApprovalRequest) -> ApprovalRequest:

@@ -38,7 +38,9 @@ from runs.services.threads import (
     thread_interrupts_read,
     thread_latest_checkpoint_id,
     thread_metadata_update,
+    thread_snapshot,
     thread_state,
+    thread_states_read,
 )
 
 __all__ = [
@@ -74,5 +76,7 @@ __all__ = [
     "thread_interrupts_read",
     "thread_latest_checkpoint_id",
     "thread_metadata_update",
+    "thread_snapshot",
     "thread_state",
+    "thread_states_read",
 ]

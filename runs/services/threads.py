@@ -250,15 +250,17 @@ def _require_checkpoint(graph, thread: Thread, checkpoint_id: str):
     return snapshot
 
 
-def thread_state(
+def thread_snapshot(
     *,
     thread: Thread,
-    actor: Actor,
     checkpoint_id: str | None = None,
     subgraphs: bool = False,
 ):
-    """The thread's state (latest, or at a checkpoint), decrypted; audited.
-    `subgraphs` reads the state of subgraphs that are mid-run too."""
+    """The thread's state (latest, or at a checkpoint), decrypted, or None
+    before its first checkpoint. Not audited: `thread_state` is, and a caller
+    that shows it inside a larger read records that read itself (the desk's
+    card, a search's page), one event per request. `subgraphs` reads the state
+    of subgraphs that are mid-run too."""
     if not thread.agent_version:
         return None
     graph = compile_for(thread)
@@ -268,17 +270,62 @@ def thread_state(
             snapshot = graph.get_state(
                 thread_config(thread, checkpoint_id), subgraphs=True
             )
-    else:
-        snapshot = graph.get_state(thread_config(thread), subgraphs=subgraphs)
-        if snapshot.created_at is None:
-            return None
-    thread_event(
-        thread=thread,
-        kind=events.STATE_READ,
-        actor=actor,
-        data={"checkpoint_id": snapshot.config["configurable"]["checkpoint_id"]},
+        return snapshot
+    snapshot = graph.get_state(thread_config(thread), subgraphs=subgraphs)
+    return None if snapshot.created_at is None else snapshot
+
+
+def thread_state(
+    *,
+    thread: Thread,
+    actor: Actor,
+    checkpoint_id: str | None = None,
+    subgraphs: bool = False,
+):
+    """`thread_snapshot`, audited as one `thread.state_read` event."""
+    snapshot = thread_snapshot(
+        thread=thread, checkpoint_id=checkpoint_id, subgraphs=subgraphs
     )
+    if snapshot is not None:
+        thread_event(
+            thread=thread,
+            kind=events.STATE_READ,
+            actor=actor,
+            data={"checkpoint_id": snapshot.config["configurable"]["checkpoint_id"]},
+        )
     return snapshot
+
+
+def thread_states_read(
+    *, tenant: Tenant, threads: list[Thread], actor: Actor
+) -> dict[int, Any]:
+    """The latest state of each of a page of the tenant's threads (a search),
+    by thread pk: a snapshot, None before a first checkpoint, or the
+    CryptoError that kept one thread from being read (the others still are).
+    Audited as one `thread.states_read` event naming the threads read."""
+    states: dict[int, Any] = {}
+    for thread in threads:
+        try:
+            states[thread.pk] = thread_snapshot(thread=thread)
+        except CryptoError as exc:
+            # Deleted meanwhile, or failing authentication: that thread only.
+            if not isinstance(exc, ThreadDeleted):
+                logger.error("state of thread %s unreadable: %s", thread.pk, exc)
+            states[thread.pk] = exc
+    read = [
+        thread.thread_id
+        for thread in threads
+        if states[thread.pk] is not None
+        and not isinstance(states[thread.pk], CryptoError)
+    ]
+    if read:
+        record(
+            tenant=tenant,
+            kind=events.STATES_READ,
+            actor=actor,
+            data={"count": len(read), "thread_ids": read[:100]},
+        )
+    return states
 
 
 def thread_interrupts_read(*, thread: Thread, actor: Actor) -> list[dict[str, Any]]:

@@ -53,9 +53,12 @@ def test_card_shows_the_threads_context_and_the_read_is_audited(worker):
     # it is not repeated.
     assert context["plan"] is None
     assert "My blender arrived damaged" in html
-    read = AuditEvent.objects.for_tenant(tenant).get(kind="thread.state_read")
+    # One read of the request's content, the thread's context included.
+    read = AuditEvent.objects.for_tenant(tenant).get(kind="approval.read")
     assert read.actor_label == "rita" and read.thread_id == "case-7"
+    assert read.data["how"] == "card"
     assert read.data["checkpoint_id"] == context["checkpoint_id"]
+    assert not AuditEvent.objects.filter(kind="thread.state_read").exists()
 
 
 def test_admin_decision_resumes_the_run_like_the_rest_decision(worker):
