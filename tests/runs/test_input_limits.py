@@ -7,7 +7,8 @@ import json
 import pytest
 
 from runs.graphs import compile_for, thread_config
-from runs.models import Thread
+from runs.models import Run, Thread
+from tests.approvals.helpers import waiting_request
 from tests.factories import tenant_with_client
 
 pytestmark = pytest.mark.django_db
@@ -99,3 +100,45 @@ def test_a_declared_safe_metadata_key_holds_a_short_scalar_only(value):
     assert "must be a string of at most 200" in fields_of(response)["metadata"][0]
     body["metadata"]["order_id"] = "A-1001"
     assert client.post("/api/v1/threads", body, format="json").status_code == 201
+
+
+@pytest.mark.parametrize("number", [2**64, -(2**64)])
+def test_an_integer_beyond_64_bits_in_a_run_input_is_a_400_naming_it(number):
+    _, client = tenant_with_client()
+    client.post("/api/v1/threads", {"thread_id": "t1", "agent": "echo"}, format="json")
+    body = json.dumps({"input": {"order": {"amount": number}}})
+    fields = fields_of(post_raw(client, "/api/v1/threads/t1/runs", body))
+    assert list(fields) == ["input.order.amount"]
+    assert not Run.objects.exists()
+
+
+@pytest.mark.parametrize("number", ["1e400", str(2**64)])
+def test_a_decisions_args_out_of_range_are_a_400_and_decide_nothing(number):
+    """The finding's decision args: refused before the request is looked at,
+    and it stays pending."""
+    tenant, client = tenant_with_client()
+    approval = waiting_request(tenant)
+    body = f'{{"approved": true, "note": "ok", "args": {{"amount": {number}}}}}'
+    path = f"/api/v1/approvals/{approval.pk}/decision"
+    assert list(fields_of(post_raw(client, path, body))) == ["args.amount"]
+    approval.refresh_from_db()
+    assert approval.status == "pending" and not approval.decisions.exists()
+
+
+def test_the_refund_agent_never_stores_an_amount_of_1e400():
+    """The finding's path: `amount: 1e400` through the refund agent. It is
+    refused at the boundary, so nothing odd is stored for later reads."""
+    tenant, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "case-1", "agent": "refund"}, format="json"
+    )
+    body = (
+        '{"input": {"customer_message": "refund please", '
+        '"order": {"id": "A-1", "amount": 1e400, "currency": "EUR"}}}'
+    )
+    fields = fields_of(post_raw(client, "/api/v1/threads/case-1/runs", body))
+    assert list(fields) == ["input.order.amount"]
+    assert not Run.objects.exists()
+    assert client.get("/api/v1/threads/case-1").status_code == 200
+    # No run, no checkpoint: the state is not found, as for any new thread.
+    assert client.get("/api/v1/threads/case-1/state").status_code == 404
