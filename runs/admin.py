@@ -13,6 +13,7 @@ from runs import crypto, permissions, services
 from runs.admin_scoping import (
     ScopedTenantFilter,
     TenantScopedAdmin,
+    roles_in,
     tenant_ids_for,
     user_can,
 )
@@ -233,6 +234,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "kind",
         "user",
         "scope_labels",
+        "withheld",
         "created_at",
         "last_used_at",
         "revoked_at",
@@ -244,6 +246,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "kind",
         "user",
         "scope_labels",
+        "withheld",
         "created_at",
         "last_used_at",
         "revoked_at",
@@ -282,11 +285,18 @@ class ApiKeyAdmin(TenantScopedAdmin):
                 api_key=obj, name=obj.name, actor=Actor.user(request.user)
             )
             return
+        tenant, scopes = form.cleaned_data["tenant"], form.cleaned_data["scopes"]
         issued = services.api_key_create(
-            tenant=form.cleaned_data["tenant"],
+            tenant=tenant,
             name=form.cleaned_data["name"],
-            scopes=form.cleaned_data["scopes"],
+            scopes=scopes,
             actor=Actor.user(request.user),
+            # A superuser is the operator: what they issue, they could do.
+            withheld=[]
+            if request.user.is_superuser
+            else permissions.withheld_from_key(
+                roles_in(request.user, tenant.pk), scopes
+            ),
         )
         obj.pk = issued.api_key.pk
         obj.prefix = issued.api_key.prefix

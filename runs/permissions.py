@@ -127,14 +127,27 @@ def roles_with(capability: str) -> frozenset[str]:
     )
 
 
+def scope_capabilities(scopes) -> frozenset[str]:
+    return frozenset().union(*(SCOPE_CAPABILITIES.get(scope, ()) for scope in scopes))
+
+
+def withheld_from_key(roles, scopes) -> list[str]:
+    """What a service key with `scopes` would be able to do that its issuer,
+    of `roles` in the key's tenant, may not: withheld from the key, so no one
+    issues a key that does more than they can (a tenant admin's `runs` key
+    reads no state)."""
+    held = frozenset().union(*(ROLE_CAPABILITIES[role] for role in roles))
+    return sorted(scope_capabilities(scopes) - held)
+
+
 def can(principal, capability: str) -> bool:
     """Whether the caller of an API request may do `capability`: a person by
-    their role; a service key by its scopes; a personal key by both."""
-    by_scopes = frozenset().union(
-        *(SCOPE_CAPABILITIES.get(scope, ()) for scope in principal.read_scopes)
-    )
+    their role; a service key by its scopes, less what its issuer lacked; a
+    personal key by both."""
+    by_scopes = scope_capabilities(principal.read_scopes)
     if principal.membership is None:
-        return capability in by_scopes
+        withheld = principal.api_key.withheld if principal.api_key else ()
+        return capability in by_scopes and capability not in withheld
     by_role = ROLE_CAPABILITIES[principal.membership.role]
     if principal.api_key is not None:
         return capability in by_role and capability in by_scopes

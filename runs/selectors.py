@@ -47,6 +47,10 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+# What a caller who may not read decrypted content sees in its place.
+WITHHELD = "content withheld: reading it needs the threads.read_state permission"
+
+
 def interrupts_of(snapshot) -> list[dict[str, Any]]:
     return [
         {"id": item.id, "value": jsonable(item.value)} for item in snapshot.interrupts

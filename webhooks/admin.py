@@ -8,7 +8,7 @@ from django.template.response import TemplateResponse
 
 from audit.services import Actor
 from runs import permissions
-from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin
+from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, user_can
 from runs.admin_threads import ReadOnlyScopedAdmin
 from runs.errors import InvalidRequest
 from webhooks import services
@@ -28,11 +28,26 @@ class SubscriptionCreateForm(forms.ModelForm):
         model = WebhookSubscription
         fields = ["tenant", "url", "events", "include_content"]
 
+    # The user adding it (set by the admin): thread content goes only where
+    # someone who may read it says.
+    user = None
+
     def clean_url(self):
         try:
             return services.url_check(self.cleaned_data["url"])
         except InvalidRequest as refused:
             raise forms.ValidationError(refused.detail["url"]) from None
+
+    def clean(self):
+        cleaned = super().clean()
+        tenant = cleaned.get("tenant")
+        if (
+            cleaned.get("include_content")
+            and tenant is not None
+            and not user_can(self.user, permissions.READ_STATE, tenant.pk)
+        ):
+            self.add_error("include_content", services.CONTENT_REFUSED)
+        return cleaned
 
 
 @admin.register(WebhookSubscription)
@@ -46,7 +61,11 @@ class WebhookSubscriptionAdmin(TenantScopedAdmin):
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         if obj is None:
-            kwargs["form"] = SubscriptionCreateForm
+            kwargs["form"] = type(
+                "SubscriptionCreateForm",
+                (SubscriptionCreateForm,),
+                {"user": request.user},
+            )
         return super().get_form(request, obj, change=change, **kwargs)
 
     def get_fields(self, request, obj=None):

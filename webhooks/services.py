@@ -111,6 +111,14 @@ def secret_text(subscription: WebhookSubscription) -> str:
     return SECRET_PREFIX + base64.b64encode(_secret(subscription)).decode()
 
 
+# Content goes only where someone who may read it says (issue 16, finding 2).
+CONTENT_REFUSED = (
+    "include_content sends thread content to the endpoint: only a caller who may "
+    "read decrypted content (an integration's service key with the runs scope) "
+    "may ask for it, not a tenant admin"
+)
+
+
 @dataclass(frozen=True)
 class IssuedSubscription:
     subscription: WebhookSubscription

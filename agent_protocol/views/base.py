@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agent_protocol.access import AUTHENTICATION, PERMISSIONS
+from runs import permissions
 from runs.api.errors import ApiError
 from runs.models import Run, Scope, Thread
 
@@ -16,6 +17,11 @@ class ProtocolView(APIView):
     authentication_classes = AUTHENTICATION
     permission_classes = PERMISSIONS
     required_scope = Scope.RUNS
+    # The protocol's threads carry their values, and its runs answer with
+    # their output: a caller whose role reads no decrypted content (a tenant
+    # admin, by session or personal key) has no use of it and is refused
+    # whole, so no path of it can leak content to them.
+    required_capability = permissions.READ_STATE
     # Not part of /api/v1's OpenAPI document: the Agent Protocol is described
     # by LangGraph's SDKs, and what Gatehouse does with it by
     # docs/langgraph-clients.md.

@@ -111,6 +111,8 @@ class RunSerializer(serializers.ModelSerializer):
         ]
 
     def get_error(self, run: Run) -> str | None:
+        if run.error is not None and not self.context.get("reveal_errors", True):
+            return f"{run.error_type or 'error'} ({selectors.WITHHELD})"
         return selectors.run_error_text(run)
 
     def get_compensation(self, run: Run) -> str | None:

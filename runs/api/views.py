@@ -73,6 +73,13 @@ def require_time_travel(request) -> None:
         )
 
 
+def reads_content(request) -> bool:
+    """Whether the caller may see decrypted content (interrupt values, run
+    errors) in a response that shows a thread's records: a tenant admin, by
+    session or personal key, sees the records with the content withheld."""
+    return permissions.can(request.principal, permissions.READ_STATE)
+
+
 class TenantThreadMixin(IdempotentWrites):
     """Looks threads up within the caller's tenant: another tenant's is a 404."""
 
@@ -146,7 +153,7 @@ class ThreadDetailView(TenantThreadMixin, APIView):
         # Interrupt values are content: without threads.read_state (a tenant
         # admin) the thread comes without them; its status and pending
         # approvals still say that it waits.
-        if permissions.can(request.principal, permissions.READ_STATE):
+        if reads_content(request):
             thread.interrupts = services.thread_interrupts_read(
                 thread=thread, actor=actor_for(request)
             )
@@ -167,7 +174,8 @@ class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
     def get_serializer(self, *args, **kwargs):
-        if args and kwargs.get("many"):
+        reveal = reads_content(self.request)
+        if args and kwargs.get("many") and reveal:
             # The serializer decrypts the errors of the page's failed runs:
             # one event for the page.
             services.run_errors_read(
@@ -175,6 +183,7 @@ class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
                 runs=list(args[0]),
                 actor=actor_for(self.request),
             )
+        kwargs.setdefault("context", {})["reveal_errors"] = reveal
         return super().get_serializer(*args, **kwargs)
 
     @extend_schema(
@@ -206,9 +215,12 @@ class RunDetailView(TenantThreadMixin, APIView):
             .select_related("thread__tenant"),
             pk=run_id,
         )
-        thread = run.thread
-        services.run_errors_read(thread=thread, runs=[run], actor=actor_for(request))
-        return Response(RunSerializer(run).data)
+        reveal = reads_content(request)
+        if reveal:
+            services.run_errors_read(
+                thread=run.thread, runs=[run], actor=actor_for(request)
+            )
+        return Response(RunSerializer(run, context={"reveal_errors": reveal}).data)
 
 
 class ResumeView(TenantThreadMixin, APIView):

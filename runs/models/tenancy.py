@@ -118,6 +118,10 @@ class ApiKey(models.Model):
     )
     secret_hash = models.CharField(max_length=64, editable=False)
     scopes = models.JSONField(default=list)
+    # Capabilities its scopes imply that whoever issued it lacked (a `runs`
+    # service key from a tenant admin would read decrypted state): never
+    # granted to it (runs.permissions.can).
+    withheld = models.JSONField(default=list, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)

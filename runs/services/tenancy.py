@@ -133,11 +133,18 @@ def api_key_free_name(tenant: Tenant, base: str) -> str:
 
 @transaction.atomic
 def api_key_create(
-    *, tenant: Tenant, name: str, scopes: list[str], actor: Actor, user=None
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: list[str],
+    actor: Actor,
+    user=None,
+    withheld: list[str] | None = None,
 ) -> IssuedApiKey:
     """A service key, or with `user` a personal key of their membership (its
     scopes within what their role grants). ValueError for a bad name or
-    scopes."""
+    scopes. `withheld`: capabilities the key's scopes imply that it never
+    gets (its issuer's role lacks them: runs.permissions.withheld_from_key)."""
     name = api_key_name_check(tenant=tenant, name=name)
     scopes = parse_scopes(scopes)
     if user is not None:
@@ -157,6 +164,7 @@ def api_key_create(
                 prefix=prefix,
                 secret_hash=ApiKey.hash_secret(secret),
                 scopes=scopes,
+                withheld=sorted(withheld or ()),
             )
     except IntegrityError:  # taken meanwhile, by a transaction the check missed
         raise ApiKeyNameTaken(tenant, name) from None
@@ -170,6 +178,7 @@ def api_key_create(
             "scopes": ",".join(scopes),
             "key_kind": kind,
             "owner": user.get_username() if user is not None else "",
+            "withheld": ",".join(sorted(withheld or ())),
         },
     )
     return IssuedApiKey(api_key=api_key, secret=secret)

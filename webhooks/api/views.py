@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import generics, status
+from rest_framework import exceptions, generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from runs import permissions
 from runs.api.idempotency import IdempotentWrites
 from runs.api.views import actor_for, validated
 from runs.models import Scope
@@ -52,6 +53,10 @@ class SubscriptionListCreateView(SubscriptionMixin, generics.ListAPIView):
     )
     def post(self, request):
         body = validated(SubscriptionCreateSerializer, request)
+        if body["include_content"] and not permissions.can(
+            request.principal, permissions.READ_STATE
+        ):
+            raise exceptions.PermissionDenied(services.CONTENT_REFUSED)
         issued = services.subscription_create(
             tenant=request.principal.tenant,
             url=body["url"],
