@@ -73,7 +73,9 @@ from typing import TYPE_CHECKING, Any
 import ormsgpack
 import zstandard
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -421,6 +423,74 @@ def forget_data_key(thread_pk: int) -> None:
     with _cache_lock:
         for cache_key in [k for k in ring.data_keys if k[0] == thread_pk]:
             ring.data_keys.pop(cache_key, None)
+
+
+# --- Values that belong to no thread ------------------------------------------------
+
+SEALED_FORMAT = 0x03
+_SEALED_AAD_PREFIX = "gatehouse-sealed"
+
+
+def _sealing_aead(ring: KeyRing, key_id: str, purpose: str) -> AESGCM:
+    # One key per master key and purpose, derived (HKDF-SHA256), so a value
+    # sealed for one purpose never opens as another's; cached with the ring.
+    cache_key = (_SEALED_AAD_PREFIX, key_id, purpose)
+    aead = ring.data_keys.get(cache_key)
+    if aead is None:
+        derived = HKDF(
+            algorithm=hashes.SHA256(),
+            length=DATA_KEY_BYTES,
+            salt=None,
+            info=f"{_SEALED_AAD_PREFIX}:{purpose}".encode(),
+        ).derive(ring.key(key_id))
+        aead = AESGCM(derived)
+        with _cache_lock:
+            ring.data_keys[cache_key] = aead
+    return aead
+
+
+def _sealed_aad(purpose: str, key_id: str, context: Sequence[str | int]) -> bytes:
+    return _pack([_SEALED_AAD_PREFIX, SEALED_FORMAT, purpose, key_id, *context])
+
+
+def seal(plaintext: bytes, *, purpose: str, context: Sequence[str | int]) -> bytes:
+    """Encrypt a value that belongs to no thread (a stored API response) under
+    a key derived from the active master key, bound to `purpose` and
+    `context` (the ids of the row that holds it)::
+
+        sealed = 0x03 | len(key id) | key id | nonce (12) | AES-256-GCM(...)
+
+    Retiring the master key (rotate_master_key, then removing it) makes every
+    copy unreadable, backups included, as for thread content.
+    """
+    ring = keyring()
+    key_id = ring.active_id
+    aead = _sealing_aead(ring, key_id, purpose)
+    encoded = key_id.encode()
+    body = _seal(aead, plaintext, _sealed_aad(purpose, key_id, context))
+    return bytes((SEALED_FORMAT, len(encoded))) + encoded + body
+
+
+def unseal(
+    blob: bytes | memoryview, *, purpose: str, context: Sequence[str | int]
+) -> bytes:
+    """The plaintext `seal` sealed; CryptoError if it is not such a value, was
+    altered or moved, or its master key left the ring."""
+    blob = bytes(blob)
+    if len(blob) < 2 or blob[0] != SEALED_FORMAT:
+        raise NotCiphertext(f"a {purpose} value is not a sealed value")
+    end = 2 + blob[1]
+    key_id = blob[2:end].decode(errors="replace")
+    ring = keyring()
+    if key_id not in ring.keys:
+        raise CryptoError(
+            f"a {purpose} value was sealed by master key {key_id!r}, "
+            "which is no longer in the ring"
+        )
+    aead = _sealing_aead(ring, key_id, purpose)
+    return _open(
+        aead, blob[end:], _sealed_aad(purpose, key_id, context), f"a {purpose} value"
+    )
 
 
 # --- Thread content ----------------------------------------------------------------

@@ -12,7 +12,10 @@ Keys are each caller's own: an API key (or a signed-in user) never sees the
 record, let alone the response, of another key of the same tenant that used
 the same Idempotency-Key. The request's digest is an HMAC under a key derived
 from SECRET_KEY, not a bare hash: a body's content (a subject's e-mail in a
-deletion request) cannot be recovered by hashing candidates.
+deletion request) cannot be recovered by hashing candidates. The stored
+response is sealed under a key derived from the master key ring
+(runs.crypto.seal), bound to its record: a decision's answer shows the
+request's payload, which must not sit in clear in the database.
 
 It is on by default: the API's views mix in `IdempotentWrites`, which wraps
 every unsafe method a view defines; a view whose writes must not be replayed
@@ -33,6 +36,8 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
+from runs import crypto
+from runs.crypto import CryptoError
 from runs.errors import StateConflict
 from runs.models import IdempotencyRecord
 
@@ -53,6 +58,23 @@ def _request_digest(request) -> str:
     )
     material = f"{request.method}\n{request.path}\n{canonical}"
     return salted_hmac(_DIGEST_SALT, material, algorithm="sha256").hexdigest()
+
+
+_SEALED_PURPOSE = "idempotent-response"
+
+
+def _record_context(record: IdempotencyRecord) -> tuple:
+    # The response opens only in the record it was stored in.
+    return (record.tenant_id, record.owner, record.key)
+
+
+def _unseal(record: IdempotencyRecord):
+    if record.response_sealed is None:
+        raise CryptoError("no sealed response")
+    plaintext = crypto.unseal(
+        record.response_sealed, purpose=_SEALED_PURPOSE, context=_record_context(record)
+    )
+    return json.loads(plaintext)
 
 
 def _owner(principal) -> str:
@@ -108,7 +130,17 @@ def _replay(*, tenant, owner: str, key: str, digest: str) -> Response:
             "The first request with that Idempotency-Key is still being handled.",
             code="idempotency_in_progress",
         )
-    response = Response(previous.response_body, status=previous.response_status)
+    try:
+        body = _unseal(previous)
+    except CryptoError:
+        # Stored before responses were sealed, or under a retired master key:
+        # it cannot be replayed, and the work must not be done twice.
+        raise StateConflict(
+            "The first response to that Idempotency-Key can no longer be replayed; "
+            "use a new key.",
+            code="idempotency_key_reused",
+        ) from None
+    response = Response(body, status=previous.response_status)
     response["Idempotent-Replayed"] = "true"
     return response
 
@@ -140,10 +172,12 @@ def idempotent(view_method):
         if 200 <= response.status_code < 300:
             record.response_status = response.status_code
             # As the client received it: UUIDs, datetimes and decimals as strings.
-            record.response_body = json.loads(
-                json.dumps(response.data, cls=JSONEncoder)
+            record.response_sealed = crypto.seal(
+                json.dumps(response.data, cls=JSONEncoder).encode(),
+                purpose=_SEALED_PURPOSE,
+                context=_record_context(record),
             )
-            record.save(update_fields=["response_status", "response_body"])
+            record.save(update_fields=["response_status", "response_sealed"])
         else:
             record.delete()
         return response

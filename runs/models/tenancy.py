@@ -200,7 +200,9 @@ class IdempotencyRecord(models.Model):
     request_digest = models.CharField(max_length=64)
     # Null while the first request is still being handled.
     response_status = models.PositiveSmallIntegerField(null=True)
-    response_body = models.JSONField(null=True)
+    # The response's JSON, sealed (runs.crypto.seal): it can hold thread
+    # content (a decision's answer shows the request's payload).
+    response_sealed = models.BinaryField(null=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     objects = TenantOwnedQuerySet.as_manager()

@@ -9,6 +9,7 @@ from django.test import override_settings
 from audit.services import Actor
 from runs import services
 from runs.models import IdempotencyRecord
+from tests.approvals.helpers import waiting_request
 from tests.factories import (
     api_client,
     make_api_key,
@@ -192,12 +193,39 @@ def test_the_stored_request_digest_is_keyed_not_a_bare_hash():
     assert "rita" not in stored and len(stored) == 64
 
 
+def test_a_stored_response_is_sealed_and_opens_only_in_its_record():
+    """A decision's answer shows the request's payload and the reviewer's
+    note: stored to be replayed, it is never in clear in the database, and
+    copied to another record it does not open there."""
+    tenant, client = tenant_with_client()
+    approval = waiting_request(tenant)
+    path = f"/api/v1/approvals/{approval.pk}/decision"
+    body = {"approved": False, "note": "rita@example.com asked twice"}
+    first = client.post(path, body, format="json", HTTP_IDEMPOTENCY_KEY="d-1")
+    assert first.status_code == 200, first.content
+    assert "arrived damaged" in first.json()["payload"]["reason"]
+    record = IdempotencyRecord.objects.get(key="d-1")
+    stored = bytes(record.response_sealed)
+    for secret in (b"arrived damaged", b"rita@example.com", b"A-1"):
+        assert secret not in stored
+    replay = client.post(path, body, format="json", HTTP_IDEMPOTENCY_KEY="d-1")
+    assert replay.json() == first.json()
+    assert replay["Idempotent-Replayed"] == "true"
+
+    other = f"/api/v1/approvals/{waiting_request(tenant).pk}/decision"
+    decided = client.post(other, body, format="json", HTTP_IDEMPOTENCY_KEY="d-2")
+    assert decided.status_code == 200
+    IdempotencyRecord.objects.filter(key="d-2").update(response_sealed=stored)
+    moved = client.post(other, body, format="json", HTTP_IDEMPOTENCY_KEY="d-2")
+    assert_error(moved, 409, "idempotency_key_reused")
+
+
 @probe_urls
 def test_a_key_recorded_before_keys_were_per_caller_is_refused_not_run_again():
     tenant, client = tenant_with_client()
     IdempotencyRecord.objects.create(
         tenant=tenant, owner="", key="k-1", method="POST", path="/api/v1/probe",
-        request_digest="0" * 64, response_status=201, response_body={"id": "old"},
+        request_digest="0" * 64, response_status=201, response_sealed=None,
     )  # fmt: skip
     response = client.post(
         "/api/v1/probe",
