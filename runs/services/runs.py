@@ -28,7 +28,11 @@ from runs.graphs import (
     thread_config,
 )
 from runs.models import Run, Thread
-from runs.services.threads import run_metadata, thread_event
+from runs.services.threads import (
+    latest_continuation_check,
+    run_metadata,
+    thread_event,
+)
 from runs.signals import thread_closed
 
 
@@ -232,6 +236,12 @@ def run_start(
     patches.ensure_fits(thread, spec_for(thread))
     if checkpoint_id:
         _check_replay(thread, checkpoint_id)
+    elif input is None:
+        latest_continuation_check(
+            thread,
+            doing="a run without input (a failed thread is run again by a "
+            "compliance officer's Retry)",
+        )
     kind = Run.Kind.REPLAY if checkpoint_id else Run.Kind.START
     return _queue(
         thread=thread,

@@ -211,6 +211,9 @@ def thread_copy(
             "the interrupt is resolved",
             code="thread_interrupted",
         )
+    # A thread stopped past a gate (failed after its decision): the copy
+    # would continue there under its own idempotency keys, acting again.
+    latest_continuation_check(thread, doing="a copy of the thread")
     thread_id = thread_id or str(uuid.uuid4())
     _check_thread_id(thread_id)
     copy = Thread.objects.create_with_data_key(
@@ -230,6 +233,21 @@ def thread_copy(
         data={"source_thread_id": thread.thread_id},
     )
     return copy
+
+
+def latest_continuation_check(thread: Thread, *, doing: str) -> None:
+    """ApprovalRequired when the thread's latest checkpoint would continue at
+    a node past an approval gate: `doing` must not take that continuation
+    (only the decision's own resume, or a compliance officer's Retry, may)."""
+    if not thread.agent_version:
+        return
+    graph = compile_for(thread)
+    gates.check_continuation(
+        thread=thread,
+        graph=graph,
+        next_nodes=graph.get_state(thread_config(thread)).next,
+        doing=doing,
+    )
 
 
 def _require_quiet(thread: Thread) -> None:

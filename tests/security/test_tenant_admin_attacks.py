@@ -10,6 +10,7 @@ from audit.models import AuditEvent
 from audit.services import Actor
 from runs import services
 from runs.models import ApiKey
+from tests.approvals.helpers import logged_in
 from tests.factories import (
     api_client,
     make_api_key,
@@ -24,12 +25,6 @@ from webhooks.models import WebhookSubscription
 pytestmark = pytest.mark.django_db
 
 HOOK = "https://hooks.example.com/in"
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
