@@ -24,7 +24,6 @@ from approvals.edits import action_of, diff_text, edit_text, value_text
 from approvals.models import ApprovalRequest, Decision
 from approvals.plans import is_plan, request_diff, steps_of
 from approvals.reviewers import approves, counted_approvals, current_args
-from audit.services import Actor
 from runs.crypto import CryptoError, ThreadCipher, ThreadDeleted
 from runs.errors import VersionSkew
 from runs.selectors import jsonable
