@@ -332,7 +332,7 @@ def new_data_key(*, tenant_id: int, owner: KeyOwner) -> WrappedDataKey:
 
 
 def is_legacy_wrap(wrapped: bytes | memoryview) -> bool:
-    """A key wrapped before wraps named their row (runs migration 0014
+    """A key wrapped before wraps named their row (runs migration 0015
     rewraps them)."""
     return bytes(wrapped[:1]) == bytes((FORMAT_V1,))
 
@@ -366,7 +366,7 @@ def rewrap_data_key(
 
     A key in the format before wraps named their row is read under the
     associated data it was written with and bound to `owner`: the upgrade
-    (runs migration 0014), and the rotation of a key whose master key was
+    (runs migration 0015), and the rotation of a key whose master key was
     missing from the ring when the upgrade ran.
     """
     ring = keyring()

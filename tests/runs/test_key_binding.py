@@ -124,7 +124,7 @@ def test_keys_wrapped_before_the_binding_are_rewrapped_by_the_migrations():
             wrapped=old, key_id=thread.data_key_id, tenant_id=tenant.pk, owner=owner
         )
 
-    run_migration("runs.migrations.0014_data_keys_bound_to_threads")
+    run_migration("runs.migrations.0015_data_keys_bound_to_threads")
     run_migration("webhooks.migrations.0003_secrets_bound_to_subscriptions")
 
     thread = Thread.objects.get(pk=thread.pk)

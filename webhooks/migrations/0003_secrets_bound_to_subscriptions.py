@@ -1,5 +1,5 @@
 """Binds every subscription's wrapped signing secret to its subscription, as
-runs 0014 does for threads' data keys (issue 16, finding 12)."""
+runs 0015 does for threads' data keys (issue 16, finding 12)."""
 
 from django.db import migrations
 
@@ -10,7 +10,7 @@ from webhooks.models import WebhookSubscription
 class Migration(migrations.Migration):
     dependencies = [
         ("webhooks", "0002_beat_dispatch_due"),
-        ("runs", "0014_data_keys_bound_to_threads"),
+        ("runs", "0015_data_keys_bound_to_threads"),
     ]
 
     operations = [

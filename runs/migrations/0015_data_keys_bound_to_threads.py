@@ -13,7 +13,7 @@ from runs.storage import legacy_wraps_migration
 
 
 class Migration(migrations.Migration):
-    dependencies = [("runs", "0013_api_key_names_unique")]
+    dependencies = [("runs", "0014_sagas")]
 
     operations = [
         legacy_wraps_migration(

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0015_api_key_withheld"),
+        ("runs", "0016_api_key_withheld"),
     ]
 
     operations = [

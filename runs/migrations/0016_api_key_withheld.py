@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0014_data_keys_bound_to_threads'),
+        ('runs', '0015_data_keys_bound_to_threads'),
     ]
 
     operations = [
