@@ -87,47 +87,22 @@ def day_bounds(
 
 
 def event_list(
-    *,
-    tenant: Tenant,
-    since: datetime.datetime | None = None,
-    until: datetime.datetime | None = None,
-    day: datetime.date | None = None,
-    tz: datetime.tzinfo = UTC,
-    thread_id: str = "",
-    kind: str = "",
-    action: str = "",
-    actor_type: str = "",
-    actor_id: str | None = None,
+    *, tenant: Tenant, day: datetime.date | None = None, tz: datetime.tzinfo = UTC
 ) -> QuerySet[AuditEvent]:
-    """A tenant's events matching every given filter, oldest first.
+    """A tenant's events, oldest first; one local day's (in `tz`) if given.
+    The API's filters are audit.api.filters.AuditEventFilter.
 
     Ordered by (occurred_at, seq), which is the order of the sequence
     numbers: record() never stamps an event earlier than the one before it.
     Ordering by time lets Postgres read a time range from the
     (tenant, occurred_at, seq) index in order and stop after a page; ordered
     by seq alone, it may walk the tenant's whole sequence index instead, not
-    knowing that the range sits at one place in it. `since` is inclusive and
-    `until` exclusive; `day` (a local date in `tz`) narrows them to that day.
+    knowing that the range sits at one place in it.
     """
     queryset = AuditEvent.objects.for_tenant(tenant)
     if day is not None:
         start, end = day_bounds(day, tz)
-        since = max(since, start) if since else start
-        until = min(until, end) if until else end
-    if since is not None:
-        queryset = queryset.filter(occurred_at__gte=since)
-    if until is not None:
-        queryset = queryset.filter(occurred_at__lt=until)
-    if thread_id:
-        queryset = queryset.filter(thread_id=thread_id)
-    if kind:
-        queryset = queryset.filter(kind=kind)
-    if action:
-        queryset = queryset.filter(action=action)
-    if actor_type:
-        queryset = queryset.filter(actor_type=actor_type)
-    if actor_id is not None:
-        queryset = queryset.filter(actor_id=actor_id)
+        queryset = queryset.filter(occurred_at__gte=start, occurred_at__lt=end)
     return queryset.order_by(*EVENT_ORDER)
 
 

@@ -14,10 +14,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit import anchors, export, selectors, services
+from audit.api.filters import AuditEventFilter
 from audit.api.pagination import AuditEventPagination
 from audit.api.serializers import (
     AuditEventSerializer,
-    EventFilterSerializer,
     SignedHeadSerializer,
     TimelineQuerySerializer,
     TimelineSerializer,
@@ -97,22 +97,18 @@ class AuditEventListView(JsonErrors, generics.ListAPIView):
     required_scope = Scope.AUDIT
     serializer_class = AuditEventSerializer
     pagination_class = AuditEventPagination
-    filter_backends: list = []
+    filterset_class = AuditEventFilter
     renderer_classes = [JSONRenderer, CSVRenderer, JSONLinesRenderer]
     content_negotiation_class = FormatParameterFirst
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return AuditEvent.objects.none()
-        params = EventFilterSerializer(data=self.request.query_params)
-        params.is_valid(raise_exception=True)
-        return selectors.event_list(
-            tenant=self.request.principal.tenant, **params.selector_kwargs()
-        )
+        return selectors.event_list(tenant=self.request.principal.tenant)
 
     @extend_schema(
         summary="Audit events, oldest first, or an export",
-        parameters=[EventFilterSerializer, FORMAT_PARAMETER],
+        parameters=[FORMAT_PARAMETER],
         responses={
             (200, "application/json"): AuditEventSerializer(many=True),
             (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR),
@@ -126,7 +122,7 @@ class AuditEventListView(JsonErrors, generics.ListAPIView):
         export_format = request.accepted_renderer.format
         if export_format not in export.EXPORTERS:
             return super().list(request, *args, **kwargs)
-        queryset = self.get_queryset()
+        queryset = self.filter_queryset(self.get_queryset())
         response = export.ExportResponse(
             export.EXPORTERS[export_format](queryset),
             content_type=export.CONTENT_TYPES[export_format],
