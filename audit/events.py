@@ -259,5 +259,7 @@ READS = frozenset(
         HISTORY_READ,
         RUN_OUTPUT_READ,
         APPROVAL_READ,
+        STATES_READ,
+        APPROVALS_READ,
     )
 )

@@ -21,12 +21,12 @@ import httpx
 import pytest
 from langgraph_sdk.errors import NotFoundError
 
-from audit.events import REGISTRY
+from audit.events import READS
 from audit.models import AuditEvent
 
 pytestmark = pytest.mark.worker
 
-READ_KINDS = sorted(kind for kind in REGISTRY if kind.endswith("read"))
+READ_KINDS = sorted(READS)
 
 
 def reads() -> list[AuditEvent]:

@@ -30,7 +30,7 @@ def officer(tenant):
 def decided(tenant):
     approval = waiting_request(tenant, thread_id="case-linked")
     rita = make_member(tenant, role="reviewer", username="rita").user
-    approval_read(approval=approval, actor=Actor.user(rita))
+    approval_read(approval=approval, actor=Actor.user(rita), how="detail")
     approval_decide(
         approval=approval, reviewer=Reviewer.for_user(rita), approved=False, note="no"
     )

@@ -24,7 +24,7 @@ approvals decrypt nothing.
 import pytest
 
 from approvals.models import ApprovalRequest
-from audit.events import REGISTRY
+from audit.events import READS, REGISTRY
 from audit.models import AuditEvent
 from runs.models import Run, Thread
 from tests.approvals.helpers import logged_in
@@ -33,7 +33,7 @@ from tests.runs.test_approvals_flow import interrupted_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
-READ_KINDS = sorted(kind for kind in REGISTRY if kind.endswith("read"))
+READ_KINDS = sorted(READS)
 
 
 def reads(tenant=None) -> list[AuditEvent]:
@@ -57,6 +57,10 @@ def no_read(call, status=404) -> None:
     response = call()
     assert response.status_code == status, response.content[:500]
     assert len(reads()) == before
+
+
+def test_every_read_kind_is_one_the_admin_can_hide_or_show_alone():
+    assert {kind for kind in REGISTRY if kind.endswith("read")} == READS
 
 
 def test_each_api_read_of_content_is_one_event_and_another_tenants_404_none(
