@@ -212,6 +212,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Cache (throttling counters; use Redis when several web processes run) ---
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://gatehouse")}
+if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+    # The same, reusing one redis-py client per connection pool (runs/cache.py).
+    CACHES["default"]["BACKEND"] = "runs.cache.RedisCache"
 
 # --- Auth ---------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -28,7 +28,7 @@ def redis_cache(settings):
     """The suite's Redis as the cache, under a prefix of this test's own."""
     settings.CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "runs.cache.RedisCache",
             "LOCATION": django_settings.CELERY_BROKER_URL,
             "KEY_PREFIX": f"test-{uuid.uuid4().hex}",
         }
@@ -109,3 +109,20 @@ def test_a_personal_key_goes_with_its_owners_membership(redis_cache):
     assert client.get("/api/v1/approvals").status_code == 200
     Membership.objects.get(pk=membership.pk).delete()
     assert client.get("/api/v1/approvals").status_code == 401
+
+
+def test_the_cache_reuses_one_redis_client(redis_cache):
+    from django.core.cache import cache, caches
+
+    client = caches["default"]._cache
+    assert client.get_client("a") is client.get_client("b", write=True)
+    cache.set("reused", {"n": 1})
+    assert cache.get("reused") == {"n": 1}
+
+
+def test_settings_put_the_reusing_backend_in_place_of_djangos():
+    from tests.deployment.processes import production_env, settings_in_process
+
+    env = {**production_env(), "CACHE_URL": "rediscache://127.0.0.1:6379/8"}
+    caches = settings_in_process(env, "CACHES")["CACHES"]
+    assert caches["default"]["BACKEND"] == "runs.cache.RedisCache"
