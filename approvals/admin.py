@@ -35,8 +35,8 @@ from audit.export import CONTENT_TYPES, ExportResponse
 from audit.services import Actor
 from runs import permissions
 from runs.admin_scoping import (
+    ReadOnlyScopedAdmin,
     ScopedTenantFilter,
-    TenantScopedAdmin,
     tenant_ids_for,
     user_can,
 )
@@ -189,7 +189,7 @@ def _plan_form(card, **kwargs) -> EditedPlanForm:
 
 
 @admin.register(ApprovalRequest)
-class ApprovalRequestAdmin(TenantScopedAdmin):
+class ApprovalRequestAdmin(ReadOnlyScopedAdmin):
     view_capability = permissions.VIEW_APPROVALS
 
     list_display = [
@@ -229,19 +229,8 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
     list_select_related = ["tenant", "thread", "assignment__assignee"]
     list_per_page = 50
     show_full_result_count = False
-    # No bulk decisions: each request is judged on its own page. No delete.
-    actions = None
-
-    # --- Permissions: read-only rows; deciding has its own checks ---------------
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+    # Read-only rows (no bulk decisions: each request is judged on its own
+    # page, no delete); deciding has its own checks.
 
     # --- The queue ---------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_POST
 from audit import anchors, events, selectors, services
 from audit.models import AuditBlock, AuditEvent, AuditVerification
 from runs import permissions
-from runs.admin_scoping import TenantScopedAdmin, tenant_ids_for, user_can
+from runs.admin_scoping import ReadOnlyScopedAdmin, tenant_ids_for, user_can
 from runs.models import Tenant, Thread
 
 
@@ -106,18 +106,9 @@ def _url(name: str, *args) -> str:
         return ""
 
 
-class ReadOnlyAuditAdmin(TenantScopedAdmin):
+class ReadOnlyAuditAdmin(ReadOnlyScopedAdmin):
     view_capability = permissions.READ_AUDIT
     show_full_result_count = False  # a COUNT(*) over the trail is slow
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 def latest_verifications(request):

@@ -153,6 +153,22 @@ class TenantScopedAdmin(admin.ModelAdmin):
         return self.may_manage(request.user, self._tenant_id_of(obj))
 
 
+class ReadOnlyScopedAdmin(TenantScopedAdmin):
+    """Rows nobody adds, changes or deletes in the admin (a trail, a record of
+    what ran, a request decided on its own page): seen, and nothing else."""
+
+    actions = None
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 class ScopedTenantFilter(admin.SimpleListFilter):
     """A tenant filter that lists only the tenants the user sees in this admin
     (Django's related-field filter would list every tenant)."""

@@ -26,7 +26,11 @@ from django.views.decorators.http import require_POST
 
 from audit.services import Actor
 from runs import permissions
-from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, user_can
+from runs.admin_scoping import (
+    ReadOnlyScopedAdmin,
+    ScopedTenantFilter,
+    user_can,
+)
 from runs.crypto import CryptoError, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict, VersionSkew
 from runs.models import Checkpoint, Run, Thread
@@ -39,18 +43,8 @@ THREAD_TEMPLATE = "admin/runs/thread/detail.html"
 TIMELINE_ENTRIES = 200
 
 
-class ReadOnlyScopedAdmin(TenantScopedAdmin):
+class ThreadsAdmin(ReadOnlyScopedAdmin):
     view_capability = permissions.VIEW_THREADS
-    actions = None
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 def _pending_approvals_count():
@@ -82,7 +76,7 @@ def _timeline_url(user, thread) -> str:
 
 
 @admin.register(Thread)
-class ThreadAdmin(ReadOnlyScopedAdmin):
+class ThreadAdmin(ThreadsAdmin):
     list_display = [
         "thread_id",
         "tenant",
@@ -312,7 +306,7 @@ class ThreadAdmin(ReadOnlyScopedAdmin):
 
 
 @admin.register(Run)
-class RunAdmin(ReadOnlyScopedAdmin):
+class RunAdmin(ThreadsAdmin):
     list_display = [
         "id",
         "thread_link",

@@ -8,8 +8,12 @@ from django.template.response import TemplateResponse
 
 from audit.services import Actor
 from runs import permissions
-from runs.admin_scoping import ScopedTenantFilter, TenantScopedAdmin, user_can
-from runs.admin_threads import ReadOnlyScopedAdmin
+from runs.admin_scoping import (
+    ReadOnlyScopedAdmin,
+    ScopedTenantFilter,
+    TenantScopedAdmin,
+    user_can,
+)
 from runs.errors import InvalidRequest
 from webhooks import services
 from webhooks.models import EVENTS, WebhookDelivery, WebhookSubscription
