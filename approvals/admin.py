@@ -201,7 +201,6 @@ class ApprovalRequestAdmin(ReadOnlyScopedAdmin):
         "assigned",
         "thread_link",
         "age",
-        "time_left",
         "decided_by",
         "decided_at_text",
         "tenant",
@@ -298,26 +297,27 @@ class ApprovalRequestAdmin(ReadOnlyScopedAdmin):
         url = reverse("admin:runs_thread_change", args=[obj.thread_id])
         return format_html('<a href="{}">{}</a>', url, obj.thread.thread_id)
 
+    # One column for both times of a request, so that the queue fits a
+    # 1400 px screen: how long it waited (until now, or until it was decided)
+    # and, while pending, when it escalates.
     @admin.display(description="waiting", ordering="created_at")
     def age(self, obj):
-        end = (
-            obj.decided_at if not obj.is_pending and obj.decided_at else timezone.now()
-        )
-        return cards.duration_text(end - obj.created_at)
-
-    # Not sortable on its own: the queue is in due order already, and a sort
-    # header's widgets would cost the width a 1400 px screen does not have.
-    @admin.display(description="escalates")
-    def time_left(self, obj):
         if not obj.is_pending:
-            return "—"
+            end = obj.decided_at or timezone.now()
+            return cards.duration_text(end - obj.created_at)
+        waited = cards.duration_text(timezone.now() - obj.created_at)
         left = obj.due_at - timezone.now()
         if left.total_seconds() < 0:
             return format_html(
-                '<span class="desk-overdue">overdue {}</span>',
+                '{}<br><span class="desk-overdue">overdue {}</span>',
+                waited,
                 cards.duration_text(left),
             )
-        return f"in {cards.duration_text(left)}"
+        return format_html(
+            '{}<br><span class="desk-escalates">escalates in {}</span>',
+            waited,
+            cards.duration_text(left),
+        )
 
     @admin.display(description="level", ordering="escalation_level")
     def escalation(self, obj):

@@ -78,7 +78,7 @@ def test_queue_rows_show_the_decrypted_args_age_and_time_left(tenant, reviewer):
     assert f"order_id={order_id}, amount=120.00, currency=EUR" in html
     assert "desk-risk-medium" in html
     assert "2 h 5 min" in html  # waiting
-    assert re.search(r"in 5 h (29|30) min", html)  # escalates
+    assert re.search(r"escalates in 5 h (29|30) min", html)
     assert '<td class="field-escalation">1</td>' in html
     assert "refund_order" in html
 
