@@ -122,6 +122,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A view failing because the database or broker is down answers 503.
+    "runs.api.errors.OutageMiddleware",
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "runs.api.middleware.ApiBodySizeLimitMiddleware",
@@ -400,7 +402,8 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's DatabaseScheduler, made to outlive a database outage.
+CELERY_BEAT_SCHEDULER = "runs.beat:OutageTolerantScheduler"
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ALWAYS_EAGER = False
 
@@ -428,6 +431,15 @@ GATEHOUSE_DEMO_UNDO_LATENCY = env.float("GATEHOUSE_DEMO_UNDO_LATENCY", default=0
 # How long a run's lease lasts without a heartbeat before another worker may
 # take the run over; workers renew it every third of that.
 GATEHOUSE_RUN_LEASE_SECONDS = env.int("GATEHOUSE_RUN_LEASE_SECONDS", default=30)
+# How long a worker keeps retrying a write (a checkpoint, claiming or finishing
+# a run) while the database is unavailable before it gives the run up to the
+# recovery sweep (runs.outages).
+GATEHOUSE_OUTAGE_RETRY_SECONDS = env.int("GATEHOUSE_OUTAGE_RETRY_SECONDS", default=60)
+# How often each worker asks for the recovery sweep of stalled runs, so that
+# recovery does not depend on beat alone (runs.sweep).
+GATEHOUSE_RECOVERY_SWEEP_SECONDS = env.int(
+    "GATEHOUSE_RECOVERY_SWEEP_SECONDS", default=15
+)
 # Default time, by risk, before an approval request is due (tenants' retention
 # policies override it).
 GATEHOUSE_APPROVAL_DUE_HOURS = {"low": 24, "medium": 8, "high": 4}

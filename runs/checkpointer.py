@@ -41,7 +41,14 @@ import json
 import random
 import threading
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from types import SimpleNamespace
@@ -67,7 +74,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from runs import crypto, storage
+from runs import crypto, outages, storage
 from runs.crypto import ThreadCipher, ThreadDeleted
 from runs.models import ChannelBlob, Checkpoint, PendingWrite, Tenant, Thread
 from runs.serde import StrictSerializer
@@ -577,6 +584,21 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             or any(key in stored_metadata for key in _DELTA_METADATA_KEYS),
         )
         _bind_thread_connection(self.using)
+        outages.through_outages(
+            lambda: self._put(thread_id, plan),
+            what=f"checkpoint {checkpoint_id}",
+            using=self.using,
+        )
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+
+    def _put(self, thread_id: str, plan: _PutPlan) -> None:
+        # An upsert: repeated after a lost connection, it writes the same rows.
         known = self._written_threads.get(thread_id)
         if not (
             known is not None
@@ -587,13 +609,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             and self._put_in_one_statement(*known, plan)
         ):
             self._put_in_transaction(thread_id, plan)
-        return {
-            "configurable": {
-                "thread_id": thread_id,
-                "checkpoint_ns": ns,
-                "checkpoint_id": checkpoint_id,
-            }
-        }
 
     def _seal_put(self, cipher: ThreadCipher, plan: _PutPlan) -> _SealedPut:
         ns, checkpoint_id = plan.ns, plan.checkpoint_id
@@ -747,6 +762,27 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             ]
 
         _bind_thread_connection(self.using)
+        outages.through_outages(
+            lambda: self._put_writes(
+                thread_id, ns, checkpoint_id, task_id, task_path, indexed, special, seal
+            ),
+            what=f"writes of task {task_id}",
+            using=self.using,
+        )
+
+    def _put_writes(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        task_path: str,
+        indexed: list[tuple[int, str, Any]],
+        special: bool,
+        seal: Callable[[ThreadCipher], list[tuple[int, str, bytes]]],
+    ) -> None:
+        # Upserts, or inserts that ignore rows already there: repeated after a
+        # lost connection, they write the same rows.
         known = self._written_threads.get(thread_id)
         if known is not None and self._on_postgres:
             thread_pk, cipher = known

@@ -29,7 +29,7 @@ from langgraph.types import Command
 
 from audit import events
 from audit.services import Actor
-from runs import compensation, dispatch, patches, replay, selectors, streaming
+from runs import compensation, dispatch, outages, patches, replay, selectors, streaming
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
@@ -90,11 +90,17 @@ class CancelWatch:
         if now - self.checked_at < self.CHECK_INTERVAL:
             return
         self.checked_at = now
-        action = (
-            Run.objects.filter(pk=self.run_id)
-            .values_list("cancel_action", flat=True)
-            .first()
-        )
+        try:
+            action = (
+                Run.objects.filter(pk=self.run_id)
+                .values_list("cancel_action", flat=True)
+                .first()
+            )
+        except outages.DATABASE_ERRORS as error:
+            if not outages.is_database_outage(error):
+                raise
+            outages.reconnect()  # look again at the next check
+            return
         if action:
             raise RunCancelled(action)
 
@@ -109,12 +115,25 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         interval = settings.GATEHOUSE_RUN_LEASE_SECONDS / 3
+        wait = interval
         try:
-            while not self.stopped.wait(interval):
+            while not self.stopped.wait(wait):
                 now = timezone.now()
-                renewed = Run.objects.filter(
-                    pk=self.run_id, lease_owner=self.owner, status=Run.Status.RUNNING
-                ).update(lease_until=now + _lease_length(), heartbeat_at=now)
+                try:
+                    renewed = Run.objects.filter(
+                        pk=self.run_id,
+                        lease_owner=self.owner,
+                        status=Run.Status.RUNNING,
+                    ).update(lease_until=now + _lease_length(), heartbeat_at=now)
+                except outages.DATABASE_ERRORS as error:
+                    if not outages.is_database_outage(error):
+                        raise
+                    # Renew as soon as the database is back, before the
+                    # recovery sweep takes the lease for expired.
+                    outages.reconnect()
+                    wait = min(1.0, interval)
+                    continue
+                wait = interval
                 if not renewed:
                     logger.warning("run %s: lease lost to another worker", self.run_id)
                     return
@@ -296,6 +315,41 @@ def _invoke(
     return outcome
 
 
+def _invoke_through_outages(
+    run: Run, thread: Thread, publisher: streaming.Publisher
+) -> Outcome:
+    """_invoke, continued from the run's last checkpoint when the database
+    went away under it: a lost connection is not the agent's failure.
+
+    The checkpoint store retries its own writes (runs.checkpointer) and the
+    cancel check skips a beat; this covers the rest (reading the graph's
+    state, the side-effect ledger), repeating at most the step that was
+    under way, whose side effects the ledger does not repeat. Outages for
+    longer than GATEHOUSE_OUTAGE_RETRY_SECONDS raise, leaving the run to
+    the recovery sweep.
+    """
+    give_up_at = None
+    while True:
+        try:
+            return _invoke(run, thread, publisher, CancelWatch(run.id))
+        except Exception as error:
+            if not outages.is_database_outage(error):
+                raise
+            now = time.monotonic()
+            give_up_at = give_up_at or now + settings.GATEHOUSE_OUTAGE_RETRY_SECONDS
+            if now > give_up_at:
+                raise
+        logger.warning(
+            "run %s: the database went away mid-run; continuing from its last "
+            "checkpoint once it is back",
+            run.id,
+        )
+        outages.through_outages(
+            lambda: Run.objects.filter(pk=run.pk).exists(),
+            what=f"run {run.id}: waiting for the database",
+        )
+
+
 def _final_values(thread: Thread, run: Run) -> Any:
     """The thread's values after a failed run, best effort: a failure may
     come from the state itself."""
@@ -418,7 +472,9 @@ def execute(run_id: str) -> None:
     """Execute a run if it is this worker's to execute (see _claim)."""
     close_old_connections()
     owner = new_lease_owner()
-    claimed = _claim(run_id, owner)
+    claimed = outages.through_outages(
+        lambda: _claim(run_id, owner), what=f"run {run_id}: claiming"
+    )
     if claimed is None:
         return
     run, thread = claimed
@@ -432,26 +488,39 @@ def execute(run_id: str) -> None:
     heartbeat.start()
     try:
         outcome = _run(run, thread, publisher, owner)
+    except Exception as exc:
+        if not outages.is_database_outage(exc):
+            raise
+        # Nothing can be recorded: the lease runs out and the recovery sweep
+        # dispatches the run again once the database is back.
+        logger.warning("run %s: the database stayed unavailable", run_id)
+        return
     finally:
         heartbeat.stop()
         replay.forget_run(run_id)
-    _finish(run_id, owner, outcome, publisher)
+    outages.through_outages(
+        lambda: _finish(run_id, owner, outcome, publisher),
+        what=f"run {run_id}: recording its outcome",
+    )
 
 
 def _run(
     run: Run, thread: Thread, publisher: streaming.Publisher, owner: str
 ) -> Outcome:
     """Run the graph, or carry on undoing a failure (runs.compensation); a
-    failure for good undoes the saga's completed steps."""
+    failure for good undoes the saga's completed steps. A database outage
+    that outlasts the retries is raised: it is nobody's failure."""
     failure = compensation.unfinished(run, thread)
     if failure is not None:
         outcome = Outcome(error=failure, values=_final_values(thread, run))
     else:
         try:
-            outcome = _invoke(run, thread, publisher, CancelWatch(run.id))
+            outcome = _invoke_through_outages(run, thread, publisher)
         except VersionSkew as skew:
             return Outcome(error=skew)  # the thread is left as it is
         except Exception as exc:  # the agent's own failure ends the run, not the worker
+            if outages.is_database_outage(exc):
+                raise
             logger.info("run %s failed: %s", run.id, type(exc).__name__)
             outcome = Outcome(error=exc, values=_final_values(thread, run))
     if outcome.error is not None:

@@ -48,6 +48,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from runs import outages
 from runs.crypto import ThreadCipher
 from runs.models import RunStreamEvent
 from runs.selectors import jsonable
@@ -256,6 +257,15 @@ class Publisher:
         except StaleAttempt:
             logger.warning("run %s: attempt %s is stale", self.run_id, self.attempt)
             self.stale = True
+        except outages.BROKER_ERRORS as error:
+            # Redis is down: the event is lost to live readers, the run goes
+            # on; its outcome is in the database, where readers find it too.
+            logger.warning(
+                "run %s: stream event %s not published (%s)",
+                self.run_id,
+                name,
+                type(error).__name__,
+            )
 
 
 def outcome(

@@ -26,6 +26,9 @@ os.environ.setdefault(
 )
 # Short leases so that a killed worker's run is taken over within seconds.
 os.environ.setdefault("GATEHOUSE_RUN_LEASE_SECONDS", "3")
+# The suite's workers leave recovery to the tests that ask for it (their own
+# calls of runs_recover_stalled); tests of the workers' own sweep turn it on.
+os.environ.setdefault("GATEHOUSE_RECOVERY_SWEEP_SECONDS", "0")
 os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")
 # Mail sent by the workers the suite starts lands in files here, where a test
 # reads it (the test process itself uses Django's locmem outbox). Set once, so

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from runs import outages
 from runs.crypto import CryptoError, ThreadDeleted
 from runs.errors import ApiError, StateConflict
 
@@ -43,6 +46,18 @@ _DEFAULT_CODES = {
     exceptions.Throttled: "throttled",
     exceptions.ValidationError: "invalid",
 }
+
+
+class ServiceUnavailable(ApiError):
+    """The database or the broker is unavailable: the client retries later."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "A service Gatehouse depends on is unavailable; retry shortly.",
+            code="service_unavailable",
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        )
+        self.wait = outages.RETRY_AFTER_SECONDS
 
 
 def error_body(code: str, message: str, fields: dict | None = None) -> dict:
@@ -85,6 +100,9 @@ def exception_handler(exc, context) -> Response | None:
         exc = exceptions.PermissionDenied()
     elif isinstance(exc, RequestDataTooBig):
         exc = PayloadTooLarge("The request body is larger than this API accepts.")
+    elif outages.is_outage(exc):
+        _log_outage(context["request"], exc)
+        exc = ServiceUnavailable()
     if not isinstance(exc, exceptions.APIException):
         return None  # a server fault: Django's 500 handling logs it
 
@@ -129,8 +147,49 @@ def api_not_found(request, *args, **kwargs) -> JsonResponse:
     return json_error(request, "not_found", "No such endpoint.", 404)
 
 
+def _log_outage(request, error: BaseException) -> None:
+    # One line, not a traceback: the outage is the operator's news, not a bug.
+    logger.warning(
+        "%s %s: answered 503, a service is unavailable (%s)",
+        request.method,
+        request.path,
+        type(error.__cause__ or error).__name__,
+    )
+
+
+def outage_response(request, error: BaseException) -> HttpResponse:
+    """503 with Retry-After: the API's error body, or a short page."""
+    _log_outage(request, error)
+    if request.path.startswith(JSON_API_PREFIXES):
+        exc = ServiceUnavailable()
+        response = json_error(request, exc.get_codes(), str(exc.detail), 503)
+    else:
+        response = HttpResponse(
+            "Gatehouse is briefly unavailable; try again in a few seconds.\n",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+        )
+    response["Retry-After"] = str(outages.RETRY_AFTER_SECONDS)
+    return response
+
+
+class OutageMiddleware(MiddlewareMixin):
+    """Answers 503 instead of 500 when a view (the admin, /langgraph/, any
+    view outside DRF) fails because the database or the broker is down."""
+
+    def process_exception(self, request, exception):
+        if outages.is_outage(exception):
+            return outage_response(request, exception)
+        return None
+
+
 def server_error(request, *args, **kwargs):
-    """Django's 500 handler: JSON under the APIs, the usual page elsewhere."""
+    """Django's 500 handler: JSON under the APIs, the usual page elsewhere;
+    503 when the fault is an outage raised outside a view (a middleware
+    reading the session, say)."""
+    error = sys.exc_info()[1]
+    if error is not None and outages.is_outage(error):
+        return outage_response(request, error)
     if request.path.startswith(JSON_API_PREFIXES):
         return json_error(
             request, "server_error", "Something went wrong on the server.", 500
