@@ -11,4 +11,4 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 # Each worker also asks for the recovery sweep of stalled runs: recovery does
 # not depend on beat alone. Loaded by name when a worker starts, after Django.
-app.steps["worker"].add("runs.sweep:RecoverySweep")
+app.steps["worker"].add("runs.bootsteps:RecoverySweep")

@@ -436,7 +436,7 @@ GATEHOUSE_RUN_LEASE_SECONDS = env.int("GATEHOUSE_RUN_LEASE_SECONDS", default=30)
 # recovery sweep (runs.outages).
 GATEHOUSE_OUTAGE_RETRY_SECONDS = env.int("GATEHOUSE_OUTAGE_RETRY_SECONDS", default=60)
 # How often each worker asks for the recovery sweep of stalled runs, so that
-# recovery does not depend on beat alone (runs.sweep).
+# recovery does not depend on beat alone (runs.bootsteps).
 GATEHOUSE_RECOVERY_SWEEP_SECONDS = env.int(
     "GATEHOUSE_RECOVERY_SWEEP_SECONDS", default=15
 )

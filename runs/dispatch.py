@@ -89,7 +89,7 @@ def runs_recover_stalled(*, batch_size: int = 200) -> dict[str, int]:
     A running run whose lease expired is dispatched again; the worker that
     claims it takes it over from its last checkpoint (runs.execution). A
     thread's oldest queued run that lost its task message is dispatched again.
-    Beat and every worker ask for this sweep (runs.sweep); one runs at a time,
+    Beat and every worker ask for this sweep (runs.bootsteps); one runs at a time,
     the others find the lock taken and return at once.
     """
     with transaction.atomic():

@@ -1,5 +1,6 @@
-"""Each worker asks for the recovery sweep of stalled runs, so that recovery
-does not hang on one beat process staying alive.
+"""What each Celery worker adds to itself: asking for the recovery sweep of
+stalled runs, so that recovery does not hang on one beat process staying
+alive.
 
 Every GATEHOUSE_RECOVERY_SWEEP_SECONDS each worker sends the
 `runs.recover_stalled_runs` task, which beat schedules too; whichever worker
