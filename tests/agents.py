@@ -255,9 +255,9 @@ class TickState(TypedDict, total=False):
     ticks: Annotated[list, operator.add]
 
 
-def _tick(number: int):
+def _tick(number: int, seconds: float = 0.4):
     def node(state: TickState) -> TickState:
-        time.sleep(0.4)
+        time.sleep(seconds)
         return {"ticks": [number]}
 
     node.__name__ = f"tick_{number}"
@@ -269,7 +269,13 @@ def slow_graph() -> StateGraph:
     return _chain(TickState, *(_tick(number) for number in range(1, 6)))
 
 
+def long_graph() -> StateGraph:
+    """Eight steps of a second each: in flight across a service's restart."""
+    return _chain(TickState, *(_tick(number, 1.0) for number in range(1, 9)))
+
+
 # The test agents above ask no approval: they declare no gated actions.
 chat_graph.actions = []
 pay_graph.actions = []
 slow_graph.actions = []
+long_graph.actions = []

@@ -29,10 +29,10 @@ from runs.beat import OutageTolerantScheduler
 from runs.dispatch import _SWEEP_LOCK, runs_recover_stalled
 from runs.models import Run
 from runs.outages import RETRY_AFTER_SECONDS
+from tests import workers
 from tests.approvals.helpers import logged_in, wait_run
 from tests.deployment.processes import free_port
 from tests.factories import make_member, tenant_with_client
-from tests import workers
 from tests.workers import Worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
