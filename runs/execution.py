@@ -166,6 +166,10 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
         now = timezone.now()
         recovered_from = ""
         if run.status == Run.Status.RUNNING:
+            if run.lease_owner == owner:
+                # This claim committed, and then the connection was lost
+                # before it said so: claimed again after the outage.
+                return run, thread
             if run.lease_until and run.lease_until > now:
                 return None  # another worker holds it: a duplicate delivery
             if run.cancel_action:
