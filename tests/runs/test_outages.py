@@ -21,6 +21,7 @@ import pytest
 from celery import current_app
 from django.db import OperationalError, connection
 from django.test import Client
+from django.utils import timezone
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler
 
@@ -29,10 +30,17 @@ from runs.beat import OutageTolerantScheduler
 from runs.dispatch import _SWEEP_LOCK, runs_recover_stalled
 from runs.models import Run
 from runs.outages import RETRY_AFTER_SECONDS
+from runs.selectors import stalled_runs
 from tests import workers
-from tests.approvals.helpers import logged_in, wait_run
+from tests.approvals.helpers import logged_in, wait_run, waiting_request
 from tests.deployment.processes import free_port
-from tests.factories import make_member, tenant_with_client
+from tests.factories import (
+    api_client,
+    make_api_key,
+    make_member,
+    make_tenant,
+    tenant_with_client,
+)
 from tests.workers import Worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -196,6 +204,27 @@ def test_a_run_accepted_while_the_broker_is_down_is_swept_to_a_worker():
     finally:
         sweeper.stop()
     assert "recover_stalled_runs" in sweeper.output()
+
+
+def test_a_decision_accepted_while_the_broker_is_down_stands_and_replays():
+    """The issue's 500 and then 409 already_decided: the decision is answered
+    200, replayed under its key, and its resume run waits for the sweep."""
+    tenant = make_tenant()
+    approval = waiting_request(tenant)
+    _, secret = make_api_key(tenant, ["approvals"])
+    client = api_client(secret)
+    url = f"/api/v1/approvals/{approval.pk}/decision"
+    body = {"approved": True, "note": "Photo checked."}
+    with broker_unreachable():
+        first = client.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="d1")
+        again = client.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="d1")
+    assert first.status_code == 200, first.content
+    assert again.status_code == 200 and again["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    resumed = Run.objects.get(kind="resume")
+    assert resumed.status == "queued"
+    later = timezone.now() + timedelta(hours=1)
+    assert stalled_runs(limit=10, now=later).lost_messages == [resumed.pk]
 
 
 def test_one_sweep_at_a_time():
