@@ -33,7 +33,7 @@ from langgraph.runtime import get_runtime
 from langgraph.types import interrupt
 
 from demo import downstream
-from demo.agents.orders import OrderAmount
+from demo.agents.orders import OrderAmount, OrderArgs
 from gatehouse.durable import RetryPolicy, side_effect
 from runs.actions import GatedAction
 
@@ -82,24 +82,15 @@ class Line(pydantic.BaseModel):
     qty: int = pydantic.Field(gt=0, le=1000)
 
 
-class ReserveArgs(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    order_id: str = pydantic.Field(min_length=1, max_length=64)
+class ReserveArgs(OrderArgs):
     lines: list[Line] = pydantic.Field(min_length=1, max_length=100)
 
 
-class CourierArgs(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    order_id: str = pydantic.Field(min_length=1, max_length=64)
+class CourierArgs(OrderArgs):
     parcels: int = pydantic.Field(gt=0, le=1000)
 
 
-class NotifyArgs(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    order_id: str = pydantic.Field(min_length=1, max_length=64)
+class NotifyArgs(OrderArgs):
     kind: str = pydantic.Field(pattern=r"^[a-z_]{1,40}$")
 
 

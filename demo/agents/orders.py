@@ -1,4 +1,4 @@
-"""What the demo agents' money-moving actions take: an amount on an order."""
+"""What the demo agents' actions take: an order, and an amount on it."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ from decimal import Decimal
 import pydantic
 
 
-class OrderAmount(pydantic.BaseModel):
-    """An amount of money on an order, as a reviewer may approve it."""
+class OrderArgs(pydantic.BaseModel):
+    """The arguments of an action on one order; nothing undeclared."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
     order_id: str = pydantic.Field(min_length=1, max_length=64)
+
+
+class OrderAmount(OrderArgs):
+    """An amount of money on an order, as a reviewer may approve it."""
+
     amount: Decimal = pydantic.Field(
         gt=0, le=Decimal("100000"), max_digits=9, decimal_places=2
     )
