@@ -6,7 +6,10 @@ class ApprovalsConfig(AppConfig):
     verbose_name = "Approvals"
 
     def ready(self) -> None:
-        from approvals import receivers  # noqa: F401  connects the signal
+        from approvals import (
+            receivers,  # noqa: F401  connects the signal
+            tasks,  # noqa: F401  registers the tasks services send
+        )
         from approvals.gatekeeper import ApprovalGatekeeper
         from runs.gates import register_gatekeeper
 
