@@ -10,11 +10,17 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from approvals.cards import context_of
 from approvals.models import ApprovalRequest
-from approvals.services import Reviewer, approval_decide
+from approvals.services import (
+    Reviewer,
+    approval_close,
+    approval_decide,
+    approval_expire,
+)
 from audit.models import AuditEvent
 from runs.crypto import ThreadCipher
 from runs.models import Run, ToolCall
@@ -216,3 +222,25 @@ def test_the_api_keeps_utc_whatever_zone_the_browser_names(tenant, rita):
     client.cookies["gatehouse_tz"] = "Asia/Tokyo"
     body = client.get(f"/api/v1/approvals/{approval.pk}").json()
     assert body["created_at"].endswith("Z")
+
+
+def test_an_expired_card_says_nobody_decided_and_a_closed_one_resumed_nothing(
+    tenant, rita
+):
+    expired = waiting_request(tenant)
+    with transaction.atomic():
+        approval_expire(
+            approval=ApprovalRequest.objects.select_for_update().get(pk=expired.pk)
+        )
+    html = page(logged_in(rita), expired)
+    assert "Expired: nobody decided in time, and it was denied" in html
+    assert "Waiting for</dt>" not in html
+
+    closed = waiting_request(tenant)
+    with transaction.atomic():
+        approval_close(
+            approval=ApprovalRequest.objects.select_for_update().get(pk=closed.pk),
+            reason="the thread was closed",
+        )
+    html = page(logged_in(rita), closed)
+    assert "Closed: no run was resumed." in html
