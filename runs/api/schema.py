@@ -37,6 +37,9 @@ ERRORS = {
     "(`payload_too_large`); nothing of it was read.",
     "429": "Too many requests for this key or person (`throttled`): retry after "
     "the `Retry-After` seconds.",
+    "503": "The database or the broker is briefly unavailable "
+    "(`service_unavailable`): retry after the `Retry-After` seconds. An "
+    "`Idempotency-Key` retry is safe.",
 }
 RETRY_AFTER = {
     "Retry-After": {
@@ -59,7 +62,7 @@ class GatehouseAutoSchema(AutoSchema):
                 responses[code] = self._get_response_for_code(
                     OpenApiResponse(ErrorSerializer, description=ERRORS[code]), code
                 )
-            if code == "429":
+            if code in ("429", "503"):
                 responses[code].setdefault("headers", {}).update(RETRY_AFTER)
         operation["responses"] = dict(sorted(responses.items()))
         return operation
@@ -82,6 +85,7 @@ class GatehouseAutoSchema(AutoSchema):
             codes.append("413")
         if operation.get("security"):
             codes.append("429")
+        codes.append("503")  # any operation, during an outage (runs.outages)
         return codes
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
-from runs.api.errors import _DEFAULT_CODES, PayloadTooLarge
+from runs.api.errors import _DEFAULT_CODES, PayloadTooLarge, ServiceUnavailable
 from runs.api.schema import ERRORS
 from tests.approvals.helpers import waiting_request
 from tests.factories import tenant_with_client
@@ -31,7 +31,7 @@ def test_every_operation_lists_the_errors_it_can_answer(schema):
     for path, method, operation in operations(schema):
         if not path.startswith("/api/v1/"):
             continue
-        expected = {"401", "403", "429"}
+        expected = {"401", "403", "429", "503"}
         if "{" in path:
             expected.add("404")
         if "requestBody" in operation:
@@ -40,7 +40,7 @@ def test_every_operation_lists_the_errors_it_can_answer(schema):
             expected.add("409")  # the thread id exists, or an Idempotency-Key reused
         assert expected <= set(operation["responses"]), (method, path)
         for code, response in operation["responses"].items():
-            if code.startswith("4"):
+            if code.startswith(("4", "503")):
                 body = response["content"]["application/json"]["schema"]
                 refs = [body.get("$ref")] + [
                     part.get("$ref") for part in body.get("allOf", [])
@@ -49,6 +49,7 @@ def test_every_operation_lists_the_errors_it_can_answer(schema):
                            for ref in refs), (method, path, code)  # fmt: skip
                 assert response["description"], (method, path, code)
         assert "Retry-After" in operation["responses"]["429"]["headers"]
+        assert "Retry-After" in operation["responses"]["503"]["headers"]
         checked += 1
     assert checked > 25
     error = schema["components"]["schemas"]["Error"]
@@ -142,6 +143,7 @@ def test_the_error_codes_the_docs_name_are_the_codes_answered():
     }
     answered = set(_DEFAULT_CODES.values()) | {
         PayloadTooLarge("x").get_codes(),
+        ServiceUnavailable().get_codes(),
         "idempotency_key_reused",
         "idempotency_in_progress",
     }
