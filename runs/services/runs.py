@@ -235,7 +235,7 @@ def run_start(
     # VersionSkew when the pinned version is gone, or cannot run the thread.
     patches.ensure_fits(thread, spec_for(thread))
     if checkpoint_id:
-        _check_replay(thread, checkpoint_id)
+        _check_replay(thread, checkpoint_id, continuing=input is None)
     elif input is None:
         latest_continuation_check(
             thread,
@@ -253,9 +253,11 @@ def run_start(
     )
 
 
-def _check_replay(thread: Thread, checkpoint_id: str) -> None:
+def _check_replay(thread: Thread, checkpoint_id: str, *, continuing: bool) -> None:
     """A run from a checkpoint: the checkpoint exists, and continuing from it
-    passes no approval gate without a decision (runs.gates)."""
+    passes no approval gate without a decision (runs.gates). From the latest
+    one without input (`continuing`), it is the run without input of
+    `run_start`: the compliance officer's Retry past a gate, refused."""
     graph = compile_for(thread)
     snapshot = graph.get_state(thread_config(thread, checkpoint_id))
     if snapshot.created_at is None:
@@ -264,10 +266,10 @@ def _check_replay(thread: Thread, checkpoint_id: str) -> None:
             field="checkpoint_id",
         )
     latest = graph.get_state(thread_config(thread)).config["configurable"]
-    if latest["checkpoint_id"] != checkpoint_id:
-        # The latest checkpoint continues where the thread stopped: its
-        # decisions were taken for exactly that. An older one would take them
-        # again.
+    if latest["checkpoint_id"] != checkpoint_id or continuing:
+        # An older checkpoint would take its decisions again. The latest one
+        # without input continues where the thread stopped: past a gate, that
+        # is a Retry (a compliance officer's), not a caller's run.
         gates.check_continuation(
             thread=thread,
             graph=graph,

@@ -17,9 +17,9 @@ from tests.runs.test_recovery import failed_after_approval
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
-def runs_key(tenant) -> APIClient:
+def runs_key(tenant, scopes=("runs",)) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_X_API_KEY=make_api_key(tenant, ["runs"])[1])
+    client.credentials(HTTP_X_API_KEY=make_api_key(tenant, list(scopes))[1])
     return client
 
 
@@ -76,3 +76,22 @@ def test_a_thread_stopped_past_its_gate_is_not_copied(worker, provider_up):
     assert refused.status_code == 409, refused.content
     assert refused.json()["code"] == "approval_required"
     assert Thread.objects.count() == 1
+
+
+def test_a_run_from_the_latest_checkpoint_without_input_does_not_pass_it(
+    worker, provider_up
+):
+    """The same continuation, named as a run from the thread's latest
+    checkpoint (a `time_travel` key)."""
+    tenant, api = tenant_with_client()
+    thread = failed_after_approval(api)
+    provider_up(thread)
+    latest = api.get("/api/v1/threads/t1/state").json()["checkpoint_id"]
+    refused = runs_key(tenant, ("runs", "time_travel")).post(
+        "/langgraph/threads/t1/runs",
+        {"assistant_id": "flaky", "checkpoint_id": latest},
+        format="json",
+    )
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["code"] == "approval_required"
+    assert not acted(api)
