@@ -347,12 +347,15 @@ def _chat_states() -> dict[str, type]:
     }
 
 
-def chat_graph(saver, channel: str, steps: int):
-    """One node that adds one ~500-byte message per super-step, `steps` times."""
+def chat_graph(saver, channel: str, steps: int, *, short: bool = False):
+    """One node that adds one ~500-byte message (`short`: a few words) per
+    super-step, `steps` times."""
     from langgraph.graph import END, START, StateGraph
 
     def speak(state: dict) -> dict:
         turn = len(state["messages"])
+        if short:
+            return {"messages": [{"role": "user", "content": f"message {turn}"}]}
         return {"messages": [_message(random.Random(turn), turn)]}
 
     builder = StateGraph(_chat_states()[channel])
@@ -619,6 +622,47 @@ class Bench:
         return latencies
 
 
+def delta_read_latency(bench: Bench) -> dict[str, list[float]]:
+    """Rebuilding a DeltaChannel at the head of a thread of `--history` steps:
+    `get_delta_channel_history`, which LangGraph calls for every state it
+    loads (short messages, so that the walk is measured, not the list)."""
+    from runs.checkpointer import DjangoSaver
+
+    args = bench.args
+    readers = {}
+    for name in ("PostgresSaver", "DjangoSaver"):
+        saver = bench.savers[name]
+        if isinstance(saver, DjangoSaver):
+            saver = DjangoSaver(tenant=bench.tenant)
+        config = {
+            "configurable": {"thread_id": f"delta-long-{uuid.uuid4().hex[:6]}"},
+            "recursion_limit": args.history + 10,
+        }
+        started = time.perf_counter()
+        chat_graph(saver, "DeltaChannel", args.history, short=True).invoke(
+            {"messages": []}, config
+        )
+        print(
+            f"  {name}: a DeltaChannel thread of {args.history} steps in "
+            f"{time.perf_counter() - started:.1f}s"
+        )
+        readers[name] = (saver, saver.get_tuple(config).config)
+    bench.vacuum()
+    for saver, head in readers.values():
+        for _ in range(5):
+            history = saver.get_delta_channel_history(
+                config=head, channels=["messages"]
+            )
+        assert "seed" in history["messages"], "no snapshot found"
+    latencies: dict[str, list[float]] = {name: [] for name in readers}
+    for _ in range(args.reads):
+        for name, (saver, head) in readers.items():
+            started = time.perf_counter()
+            saver.get_delta_channel_history(config=head, channels=["messages"])
+            latencies[name].append(time.perf_counter() - started)
+    return latencies
+
+
 # --- report ------------------------------------------------------------------------
 
 
@@ -703,7 +747,9 @@ Reading these figures:
 """
 
 
-def report(args, writes, sizes, latencies, encode_ms: float, chat: dict) -> str:
+def report(
+    args, writes, sizes, latencies, encode_ms: float, chat: dict, delta: dict
+) -> str:
     machine = _machine()
     medians = {name: statistics.median(rates) for name, rates in writes.items()}
     django = medians["DjangoSaver"]
@@ -780,11 +826,21 @@ def report(args, writes, sizes, latencies, encode_ms: float, chat: dict) -> str:
         f"storage no larger than PostgresSaver ({sizes['DjangoSaver']:,.0f} vs "
         f"{sizes['PostgresSaver']:,.0f} bytes per checkpoint)",
     )
-    delta = chat[("DjangoSaver", "DeltaChannel")]
+    chat_bytes = chat[("DjangoSaver", "DeltaChannel")]
     target(
-        delta < CHAT_TARGET_BYTES,
+        chat_bytes < CHAT_TARGET_BYTES,
         f"a {args.chat_steps}-step chat thread with the messages in a DeltaChannel "
-        f"under {CHAT_TARGET_BYTES / 1e6:.1f} MB ({delta / 1e6:.3f} MB)",
+        f"under {CHAT_TARGET_BYTES / 1e6:.1f} MB ({chat_bytes / 1e6:.3f} MB)",
+    )
+    lg_delta = statistics.median(delta["PostgresSaver"])
+    dj_delta = statistics.median(delta["DjangoSaver"])
+    target(
+        dj_delta <= lg_delta,
+        f"a DeltaChannel rebuilt at the head of a {args.history}-step thread "
+        f"(get_delta_channel_history) no slower than PostgresSaver "
+        f"({dj_delta * 1000:.2f} ms vs {lg_delta * 1000:.2f} ms, median; p95 "
+        f"{_percentile(delta['DjangoSaver'], 0.95) * 1000:.2f} ms vs "
+        f"{_percentile(delta['PostgresSaver'], 0.95) * 1000:.2f} ms)",
     )
     lines += [
         "",
@@ -860,8 +916,12 @@ def main() -> None:
         sizes = bench.sizes(bench.empty_bytes)
         print(f"get_tuple: a thread of {args.history} checkpoints")
         latencies = bench.get_tuple_latency()
+        print(
+            f"get_delta_channel_history: a DeltaChannel thread of {args.history} steps"
+        )
+        delta = delta_read_latency(bench)
         encode_ms = bench.encode_seconds / bench.encode_calls * 1000
-        section = report(args, writes, sizes, latencies, encode_ms, chat)
+        section = report(args, writes, sizes, latencies, encode_ms, chat, delta)
         print()
         print(section)
         if not args.no_write:
