@@ -243,6 +243,9 @@ def _pg_get_tuple_statement(where: str) -> str:
 def _pg_delta_history_statement(latest: bool) -> str:
     tables = _read_tables()
     target = "" if latest else "AND c.checkpoint_id = %(checkpoint_id)s "
+    # LATERAL and LIMIT (fences against flattening): each step of the walk and
+    # each checkpoint's writes are one index lookup, never a scan of all the
+    # thread's rows joined afterwards.
     return (
         f"WITH RECURSIVE t AS (SELECT id, thread_id, wrapped_data_key, data_key_id "
         f"FROM {tables.thread} WHERE tenant_id = %(tenant)s AND thread_id = "
@@ -250,16 +253,19 @@ def _pg_delta_history_statement(latest: bool) -> str:
         "chain AS ("
         "(SELECT c.checkpoint_id, c.parent_checkpoint_id, c.blob_versions, "
         "c.checkpoint, 0 AS depth, '{}'::text[] AS found "
-        f"FROM {tables.checkpoint} c, t WHERE c.thread_id = t.id "
+        f"FROM {tables.checkpoint} c WHERE c.thread_id = (SELECT id FROM t) "
         f"AND c.checkpoint_ns = %(ns)s {target}"
         "ORDER BY c.checkpoint_id DESC LIMIT 1) "
         "UNION ALL "
         "SELECT c.checkpoint_id, c.parent_checkpoint_id, c.blob_versions, "
         "c.checkpoint, chain.depth + 1, chain.found || ARRAY(SELECT ch FROM "
         "unnest(%(channels)s::text[]) AS ch WHERE c.blob_versions ? ch) "
-        f"FROM chain, t, {tables.checkpoint} c WHERE c.thread_id = t.id "
-        "AND c.checkpoint_ns = %(ns)s AND c.checkpoint_id = chain.parent_checkpoint_id "
-        "AND NOT chain.found @> %(channels)s::text[]), "
+        "FROM chain CROSS JOIN LATERAL (SELECT checkpoint_id, "
+        "parent_checkpoint_id, blob_versions, checkpoint "
+        f"FROM {tables.checkpoint} WHERE thread_id = (SELECT id FROM t) "
+        "AND checkpoint_ns = %(ns)s AND checkpoint_id = chain.parent_checkpoint_id "
+        "LIMIT 1) AS c "
+        "WHERE NOT chain.found @> %(channels)s::text[]), "
         "seeds AS (SELECT DISTINCT ON (ch) ch, chain.blob_versions ->> ch AS version "
         "FROM chain, unnest(%(channels)s::text[]) AS ch WHERE chain.depth > 0 "
         "AND chain.blob_versions ? ch ORDER BY ch, chain.depth) "
@@ -269,15 +275,17 @@ def _pg_delta_history_statement(latest: bool) -> str:
         "t.wrapped_data_key FROM t "
         "UNION ALL SELECT 'c', depth, checkpoint_id, NULL, NULL, NULL, "
         "parent_checkpoint_id, checkpoint FROM chain "
-        "UNION ALL SELECT 'w', chain.depth, w.checkpoint_id, w.channel, w.task_id, "
-        f"w.idx, w.task_path, w.value FROM chain, t, {tables.write} w "
-        "WHERE chain.depth > 0 AND w.thread_id = t.id AND w.checkpoint_ns = %(ns)s "
-        "AND w.checkpoint_id = chain.checkpoint_id "
-        "AND w.channel = ANY(%(channels)s::text[]) "
+        "UNION ALL SELECT 'w', chain.depth, chain.checkpoint_id, w.channel, "
+        "w.task_id, w.idx, w.task_path, w.value FROM chain CROSS JOIN LATERAL "
+        "(SELECT channel, task_id, idx, task_path, value "
+        f"FROM {tables.write} WHERE thread_id = (SELECT id FROM t) "
+        "AND checkpoint_ns = %(ns)s AND checkpoint_id = chain.checkpoint_id "
+        "AND channel = ANY(%(channels)s::text[]) OFFSET 0) AS w "
+        "WHERE chain.depth > 0 "
         "UNION ALL SELECT 'b', 0, NULL, seeds.ch, NULL, NULL, seeds.version, b.value "
-        "FROM seeds, t CROSS JOIN LATERAL (SELECT value FROM "
-        f"{tables.blob} WHERE thread_id = t.id AND checkpoint_ns = %(ns)s AND "
-        "channel = seeds.ch AND version = seeds.version LIMIT 1) AS b"
+        "FROM seeds CROSS JOIN LATERAL (SELECT value FROM "
+        f"{tables.blob} WHERE thread_id = (SELECT id FROM t) AND checkpoint_ns = "
+        "%(ns)s AND channel = seeds.ch AND version = seeds.version LIMIT 1) AS b"
     )
 
 
