@@ -219,8 +219,8 @@ def _traffic(client: Client, stop: threading.Event) -> None:
 
 
 @pytest.fixture
-def stack():
-    folder = Path(tempfile.mkdtemp(prefix="gh-faults-"))
+def stack(tmp_path):
+    folder = tmp_path  # the processes' logs, kept by pytest for a failure
     postgres, redis_server = OwnPostgres(), OwnRedis()
     processes: list[Process] = []
     try:
