@@ -103,3 +103,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def gunicorn_command(port: int, *, workers: int = 2) -> list[str]:
+    """The production web server as README.md starts it, on 127.0.0.1:port."""
+    return [
+        PYTHON,
+        "-m",
+        "gunicorn",
+        "--config",
+        "config/gunicorn_conf.py",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "config.asgi:application",
+    ]

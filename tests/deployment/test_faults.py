@@ -25,7 +25,14 @@ import psycopg
 import pytest
 import redis
 
-from tests.deployment.processes import PYTHON, ROOT, free_port, manage, production_env
+from tests.deployment.processes import (
+    PYTHON,
+    ROOT,
+    free_port,
+    gunicorn_command,
+    manage,
+    production_env,
+)
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.server
@@ -250,18 +257,7 @@ def stack(tmp_path):
         processes += [
             Process(
                 "web",
-                [
-                    PYTHON,
-                    "-m",
-                    "gunicorn",
-                    "--config",
-                    "config/gunicorn_conf.py",
-                    "--bind",
-                    f"127.0.0.1:{port}",
-                    "--workers",
-                    "2",
-                    "config.asgi:application",
-                ],
+                gunicorn_command(port),
                 env,
                 folder,
             ),

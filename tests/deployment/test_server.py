@@ -21,9 +21,9 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from tests import workers
 from tests.audit.helpers import add_events
 from tests.deployment.processes import (
-    PYTHON,
     ROOT,
     free_port,
+    gunicorn_command,
     manage,
     production_env,
 )
@@ -67,18 +67,7 @@ def server(django_db_setup, tmp_path_factory):
     log_path = folder / "gunicorn.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "gunicorn",
-                "--config",
-                "config/gunicorn_conf.py",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                "2",
-                "config.asgi:application",
-            ],
+            gunicorn_command(port),
             cwd=ROOT,
             env=env,
             stdout=log,
