@@ -57,6 +57,23 @@ def member_with_mail(tenant, role: str, username: str):
     return user
 
 
+def desk(thread_id: str, officer_name: str, reviewer_name: str):
+    """A pending request in a tenant of its own; (request, officer, reviewer)."""
+    tenant = make_tenant()
+    make_thread(tenant, thread_id, steps=1)
+    approval = ApprovalRequest.objects.select_related("thread", "tenant").get()
+    officer = member_with_mail(tenant, "compliance_officer", officer_name)
+    return approval, officer, member_with_mail(tenant, "reviewer", reviewer_name)
+
+
+def on_the_card(user, approval, button: str, data: dict | None = None) -> None:
+    """`user` presses the card's `button` (reassign, escalate)."""
+    client = Client()
+    client.force_login(user)
+    url = f"/admin/approvals/approvalrequest/{approval.pk}/{button}/"
+    assert client.post(url, data or {}).status_code == 302
+
+
 def assert_names_the_request(message, approval: ApprovalRequest) -> str:
     body = message.get_payload()
     for expected in (
@@ -83,18 +100,8 @@ def test_the_task_sends_one_message_to_its_one_recipient():
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.worker
 def test_a_reviewer_is_mailed_when_a_request_is_assigned_to_them(worker):
-    tenant = make_tenant()
-    make_thread(tenant, "case-mail-1", steps=1)
-    approval = ApprovalRequest.objects.select_related("thread", "tenant").get()
-    officer = member_with_mail(tenant, "compliance_officer", "cora")
-    rita = member_with_mail(tenant, "reviewer", "rita")
-    client = Client()
-    client.force_login(officer)
-    response = client.post(
-        f"/admin/approvals/approvalrequest/{approval.pk}/reassign/",
-        {"assignee": rita.pk},
-    )
-    assert response.status_code == 302
+    approval, officer, rita = desk("case-mail-1", "cora", "rita")
+    on_the_card(officer, approval, "reassign", {"assignee": rita.pk})
 
     message = one_mail_to(rita.email, "Assigned to you")
     body = assert_names_the_request(message, approval)
@@ -138,15 +145,8 @@ def test_roles_are_mailed_along_the_chain_and_officers_when_it_expires(worker):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.worker
 def test_escalating_by_hand_mails_the_roles_of_the_chains_step(worker):
-    tenant = make_tenant()
-    make_thread(tenant, "case-mail-3", steps=1)
-    approval = ApprovalRequest.objects.select_related("thread", "tenant").get()
-    officer = member_with_mail(tenant, "compliance_officer", "otto")
-    reviewer = member_with_mail(tenant, "reviewer", "ria")
-    client = Client()
-    client.force_login(officer)
-    response = client.post(f"/admin/approvals/approvalrequest/{approval.pk}/escalate/")
-    assert response.status_code == 302
+    approval, officer, reviewer = desk("case-mail-3", "otto", "ria")
+    on_the_card(officer, approval, "escalate")
     # Level 1 of the default chain is "remind": the reviewers.
     message = one_mail_to(reviewer.email, "Escalated (remind, by otto)")
     assert "escalated to the reviewers" in assert_names_the_request(message, approval)
