@@ -1,12 +1,17 @@
 """The Idempotency-Key header: a retried write returns its first response.
 
 The first request with a key reserves it (a row with no response yet), runs,
-and stores its successful response. A repeat with the same key and the same
-method, path and body gets that response again; with anything else, 409. A
-repeat that arrives while the first is still running also gets 409, and so
-the work is never done twice. Error responses are not stored: the client may
-fix the cause and retry with the same key. Records are kept for
-GATEHOUSE_IDEMPOTENCY_TTL.
+and stores its successful response, all in one transaction. A repeat with the
+same key and the same method, path and body gets that response again; with
+anything else, 409. A repeat that arrives while the first is still running
+waits on the key's unique index: it replays the first's response once that
+commits, or does the work itself if the first rolled back, and so the work is
+never done twice. Because the reservation commits only with the work, a
+request that fails half-way for any reason (an error, its database connection
+lost in an outage, its process killed) leaves no reservation behind: the
+client's retry with the same key does the work. Error responses are not
+stored: the client may fix the cause and retry with the same key. Records are
+kept for GATEHOUSE_IDEMPOTENCY_TTL.
 
 Keys are each caller's own: an API key (or a signed-in user) never sees the
 record, let alone the response, of another key of the same tenant that used
@@ -116,7 +121,7 @@ def _replay(*, tenant, owner: str, key: str, digest: str) -> Response:
         .filter(owner=owner, key=key)
         .first()
     )
-    if previous is None:  # released between our insert and this read: retryable
+    if previous is None:  # the first request rolled back meanwhile: retryable
         raise StateConflict(
             "That Idempotency-Key is in use; retry.", code="idempotency_in_progress"
         )
@@ -145,6 +150,21 @@ def _replay(*, tenant, owner: str, key: str, digest: str) -> Response:
     return response
 
 
+def _store(record: IdempotencyRecord, response: Response) -> None:
+    """Keep a successful response for repeats; release the key otherwise."""
+    if not 200 <= response.status_code < 300:
+        record.delete()
+        return
+    record.response_status = response.status_code
+    # As the client received it: UUIDs, datetimes and decimals as strings.
+    record.response_sealed = crypto.seal(
+        json.dumps(response.data, cls=JSONEncoder).encode(),
+        purpose=_SEALED_PURPOSE,
+        context=_record_context(record),
+    )
+    record.save(update_fields=["response_status", "response_sealed"])
+
+
 def idempotent(view_method):
     """Decorate an APIView's unsafe method: honour the Idempotency-Key header."""
 
@@ -159,28 +179,18 @@ def idempotent(view_method):
             )
         tenant, owner = request.principal.tenant, _owner(request.principal)
         digest = _request_digest(request)
-        record = _reserve(
-            tenant=tenant, owner=owner, key=key, request=request, digest=digest
-        )
-        if record is None:
-            return _replay(tenant=tenant, owner=owner, key=key, digest=digest)
-        try:
-            response = view_method(view, request, *args, **kwargs)
-        except BaseException:
-            record.delete()
-            raise
-        if 200 <= response.status_code < 300:
-            record.response_status = response.status_code
-            # As the client received it: UUIDs, datetimes and decimals as strings.
-            record.response_sealed = crypto.seal(
-                json.dumps(response.data, cls=JSONEncoder).encode(),
-                purpose=_SEALED_PURPOSE,
-                context=_record_context(record),
+        # The reservation, the work and the stored response commit together or
+        # not at all (see the module's docstring); tasks the work sends on
+        # commit leave after all three.
+        with transaction.atomic():
+            record = _reserve(
+                tenant=tenant, owner=owner, key=key, request=request, digest=digest
             )
-            record.save(update_fields=["response_status", "response_sealed"])
-        else:
-            record.delete()
-        return response
+            if record is not None:
+                response = view_method(view, request, *args, **kwargs)
+                _store(record, response)
+                return response
+        return _replay(tenant=tenant, owner=owner, key=key, digest=digest)
 
     wrapper.idempotent = True
     return wrapper

@@ -91,6 +91,17 @@ def _backend_pids() -> list[int]:
         return [pid for (pid,) in cursor.fetchall()]
 
 
+def _dsn() -> dict:
+    params = connection.settings_dict
+    return {
+        "host": params["HOST"],
+        "port": params["PORT"],
+        "user": params["USER"],
+        "password": params["PASSWORD"],
+        "dbname": params["NAME"],
+    }
+
+
 def _terminate(pids: list[int]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -149,6 +160,53 @@ def test_the_api_answers_503_with_retry_after_while_the_database_is_down():
         HTTP_IDEMPOTENCY_KEY="k1",
     )
     assert retried.status_code == 201
+
+
+def test_a_request_the_database_drops_half_way_leaves_its_key_free():
+    """Postgres goes away after the key was reserved, while the work is being
+    written (the request's connection is cut, and no new one can be made
+    until the request has ended): the reservation goes with the work, so the
+    retry with the same key does the work, instead of 409
+    idempotency_in_progress until the key expires."""
+    _, api = tenant_with_client()
+    body = {"thread_id": "t1", "agent": "echo"}
+    params = connection.settings_dict
+    port = params["PORT"]
+    cuts = []
+
+    def postgres_goes_away_while_the_thread_is_written(
+        execute, sql, params_, many, context
+    ):
+        if sql.startswith('INSERT INTO "runs_thread"') and not cuts:
+            own_pid = context["connection"].connection.info.backend_pid
+            with psycopg.connect(**_dsn(), autocommit=True) as other:
+                cuts.append(
+                    other.execute(
+                        "SELECT pg_terminate_backend(%s)", [own_pid]
+                    ).fetchone()[0]
+                )
+            params["PORT"] = str(free_port())
+        return execute(sql, params_, many, context)
+
+    try:
+        with connection.execute_wrapper(postgres_goes_away_while_the_thread_is_written):
+            dropped = api.post(
+                "/api/v1/threads", body, format="json", HTTP_IDEMPOTENCY_KEY="k1"
+            )
+    finally:
+        params["PORT"] = port
+        connection.close()
+    assert cuts == [True]
+    assert dropped.status_code == 503, dropped.content
+    retried = api.post(
+        "/api/v1/threads", body, format="json", HTTP_IDEMPOTENCY_KEY="k1"
+    )
+    assert retried.status_code == 201, retried.content
+    replayed = api.post(
+        "/api/v1/threads", body, format="json", HTTP_IDEMPOTENCY_KEY="k1"
+    )
+    assert replayed["Idempotent-Replayed"] == "true"
+    assert replayed.json() == retried.json()
 
 
 def test_the_admin_and_the_agent_protocol_answer_503_while_the_database_is_down():
