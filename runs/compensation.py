@@ -20,8 +20,8 @@ holding the run's lease, compensates before it records the failure:
    good: the thread is in error, and a retry of it carries on undoing, never
    the graph.
 
-A saga is the compensable calls a thread made since its last successful run,
-so the runs that resume a thread after its approvals are one saga.
+Which calls make up a saga, and how closing a thread settles them, is
+runs.sagas.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ import hashlib
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
 
 from audit import events
 from audit.services import Actor
 from runs import selectors
 from runs.crypto import ThreadCipher
 from runs.models import Run, Thread, ToolCall
+from runs.sagas import saga_calls
 from runs.services.threads import thread_event
 from runs.tools import ActivityFailed, Ledger, RetryPolicy, import_function
 
@@ -82,35 +82,6 @@ def unfinished(run: Run, thread: Thread) -> RecordedFailure | None:
             return None
     text = (selectors.run_error_text(source) or "").partition(SEPARATOR)[0]
     return RecordedFailure(source.error_type, text)
-
-
-def saga_calls(thread: Thread) -> list[ToolCall]:
-    """The thread's compensable calls since its last successful run, newest
-    first, each annotated `undone`."""
-    runs = thread.runs.all()
-    last_success = (
-        thread.runs.filter(status=Run.Status.SUCCEEDED)
-        .order_by("-created_at")
-        .values_list("created_at", flat=True)
-        .first()
-    )
-    if last_success is not None:
-        runs = runs.filter(created_at__gt=last_success)
-    run_ids = [str(pk) for pk in runs.values_list("pk", flat=True)]
-    undone = ToolCall.objects.filter(
-        compensates=OuterRef("pk"), status=ToolCall.Status.SUCCEEDED
-    )
-    return list(
-        ToolCall.objects.filter(
-            thread=thread,
-            run_id__in=run_ids,
-            status=ToolCall.Status.SUCCEEDED,
-            compensates__isnull=True,
-        )
-        .exclude(compensation="")
-        .annotate(undone=Exists(undone))
-        .order_by("-pk")
-    )
 
 
 def compensation_key(call: ToolCall) -> str:

@@ -56,6 +56,10 @@ class ToolCall(models.Model):
         on_delete=models.CASCADE,
         related_name="compensations",
     )
+    # When a person closed the thread with this call's undoing still
+    # outstanding (runs.services.thread_close): the call stands as done, and
+    # no later run's compensation undoes it.
+    settled_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 

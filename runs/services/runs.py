@@ -17,7 +17,7 @@ from django.utils import timezone
 from audit import events
 from audit.redaction import digest
 from audit.services import Actor, record
-from runs import dispatch, gates, patches, registry, selectors, streaming
+from runs import dispatch, gates, patches, registry, sagas, selectors, streaming
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.graphs import (
@@ -464,21 +464,29 @@ def run_retry(*, thread: Thread, actor: Actor) -> Run:
 @transaction.atomic
 def thread_close(*, thread: Thread, actor: Actor, note: str) -> Thread:
     """Give up on a failed thread: it becomes idle, its open approval requests
-    are closed (runs.signals.thread_closed), and the audit trail says who did
-    it; the note, free text, only as a digest."""
+    are closed (runs.signals.thread_closed), the completed steps its failed
+    compensation did not undo are settled (runs.sagas.settle: no
+    later run undoes them), and the audit trail says who did it and which
+    steps stay done; the note, free text, only as a digest."""
     note = (note or "").strip()
     if not note:
         raise InvalidRequest("closing a failed thread needs a note", field="note")
     thread, failed = _failed(thread)
     thread.status = Thread.Status.IDLE
     thread.save(update_fields=["status", "updated_at"])
+    settled = sagas.settle(thread)
     record(
         tenant=thread.tenant,
         kind=events.THREAD_CLOSED,
         actor=actor,
         thread_id=thread.thread_id,
         run_id=str(failed.id),
-        data={"note": digest(note)},
+        data={
+            "note": digest(note),
+            # Tool names and ledger ids, newest first: never their content.
+            "not_undone": [call.tool for call in settled],
+            "not_undone_calls": [call.pk for call in settled],
+        },
     )
     thread_closed.send(
         sender=Thread,

@@ -16,8 +16,9 @@ from demo.models import (
     DemoStockReservation,
 )
 from gatehouse import durable
+from runs.compensation import compensation_key
 from runs.models import Run, Thread, ToolCall
-from runs.services import run_retry
+from runs.services import run_retry, thread_close
 from tests.demo.test_fulfilment import order
 from tests.durable.helpers import InProcess, plan_approved, start, wait_run
 from tests.factories import api_client, make_api_key, make_member, tenant_with_client
@@ -285,3 +286,52 @@ def test_an_undo_that_fails_leaves_the_thread_in_error_and_a_retry_undoes_it(
     assert Thread.objects.get(thread_id="u-1").status == "idle"
     undo = ToolCall.objects.get(compensates__isnull=False)
     assert outcomes(undo) == ["failed"] * 5 + ["succeeded"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_closing_a_thread_whose_undo_failed_settles_it_for_later_runs(
+    worker, tmp_path
+):
+    """The undo fails for good; an officer closes the thread instead of
+    retrying. A later run on the thread that fails undoes its own call, never
+    the earlier run's, which the close left done and said so."""
+    _, client = tenant_with_client()
+    Path(tmp_path, "blocked").touch()
+    first = wait_run(start(client, "undo", "u-2", {"dir": str(tmp_path)}), timeout=120)
+    assert (first.status, first.compensation) == ("failed", "failed")
+    earlier = ToolCall.objects.get(tool="test.reserve")
+
+    thread_close(
+        thread=Thread.objects.get(thread_id="u-2"),
+        actor=Actor.system("officer"),
+        note="the warehouse released it by hand",
+    )
+    closed = AuditEvent.objects.get(thread_id="u-2", kind="thread.closed")
+    assert (closed.data["not_undone"], closed.data["not_undone_calls"]) == (
+        ["test.reserve"],
+        [earlier.pk],
+    )
+    assert "warehouse" not in str(closed.data)  # the note only as a digest
+
+    Path(tmp_path, "blocked").unlink()
+    started = client.post(
+        "/api/v1/threads/u-2/runs", {"input": {"dir": str(tmp_path)}}, format="json"
+    )
+    assert started.status_code == 202, started.content
+    second = wait_run(started.json()["run_id"], timeout=120)
+    assert (second.status, second.compensation) == ("failed", "compensated")
+
+    later = ToolCall.objects.get(tool="test.reserve", run_id=str(second.pk))
+    assert later.pk != earlier.pk
+    undo = ToolCall.objects.get(compensates__isnull=False, status="succeeded")
+    assert undo.compensates_id == later.pk
+    assert not ToolCall.objects.filter(
+        compensates=earlier, status="succeeded"
+    ).exists()
+    # One undoing reached the warehouse: the later reservation's.
+    undone = Path(tmp_path, "undone").read_text().splitlines()
+    assert undone == [f'"{compensation_key(later)}"']
+    error = client.get(f"/api/v1/threads/u-2/runs/{second.pk}").json()["error"]
+    assert error.endswith("Compensation: undone, newest first: test.reserve")
+    assert Thread.objects.get(thread_id="u-2").status == "idle"
