@@ -79,6 +79,16 @@ def logged_in(user, **kwargs) -> Client:
     return client
 
 
+QUEUE = "/admin/approvals/approvalrequest/"
+
+
+def listed(client, query: str = "") -> list[str]:
+    """The thread ids of the admin queue's rows, in order."""
+    response = client.get(QUEUE + query)
+    assert response.status_code == 200
+    return [row.thread.thread_id for row in response.context["cl"].result_list]
+
+
 def card_url(approval) -> str:
     return f"/admin/approvals/approvalrequest/{approval.pk}/change/"
 

@@ -12,12 +12,11 @@ from approvals.content import payload_of
 from approvals.models import ApprovalRequest
 from approvals.queue import safe_args_text
 from approvals.services import Reviewer, approval_decide
-from tests.approvals.helpers import logged_in, waiting_request
+from tests.approvals.helpers import QUEUE, listed, logged_in, waiting_request
 from tests.factories import make_member, make_tenant
 
 pytestmark = pytest.mark.django_db
 
-QUEUE = "/admin/approvals/approvalrequest/"
 EXPORT = QUEUE + "export.csv"
 
 
@@ -41,13 +40,6 @@ def decide(approval, user, approved=True, note="checked"):
         approved=approved,
         note=note,
     )
-
-
-def listed(client, query: str = "") -> list[str]:
-    """The thread ids of the queue's rows, in order."""
-    response = client.get(QUEUE + query)
-    assert response.status_code == 200
-    return [row.thread.thread_id for row in response.context["cl"].result_list]
 
 
 def exported(client, query: str = "") -> list[dict[str, str]]:
