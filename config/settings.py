@@ -497,6 +497,11 @@ GATEHOUSE_KEEP_LATEST_CHECKPOINTS = env.int(
 GATEHOUSE_AUDIT_RETENTION_DAYS = env.int(
     "GATEHOUSE_AUDIT_RETENTION_DAYS", default=7 * 365
 )
+# The shortest audit retention a tenant's policy may set: the operator's floor,
+# so that no tenant admin can have the trail of what happened purged within days.
+GATEHOUSE_AUDIT_RETENTION_MIN_DAYS = env.int(
+    "GATEHOUSE_AUDIT_RETENTION_MIN_DAYS", default=365
+)
 # The escalation chain of an unanswered approval: a reminder to reviewers at its
 # due time, then compliance officers this many hours after the reminder, then
 # expiry (a denial with a system note that resumes the run) this many hours

@@ -168,6 +168,17 @@ class RetentionPolicy(models.Model):
     def clean(self) -> None:
         super().clean()
         ttl, audit = self.checkpoint_ttl_days, self.audit_retention_days
+        floor = settings.GATEHOUSE_AUDIT_RETENTION_MIN_DAYS
+        if audit is not None and audit < floor:
+            raise ValidationError(
+                {
+                    "audit_retention_days": (
+                        f"audit retention ({audit} days) cannot be shorter than "
+                        f"{floor} days, the operator's minimum "
+                        "(GATEHOUSE_AUDIT_RETENTION_MIN_DAYS)"
+                    )
+                }
+            )
         if ttl is not None and audit is not None and audit < ttl:
             raise ValidationError(
                 {

@@ -30,6 +30,9 @@ os.environ.setdefault("GATEHOUSE_RUN_LEASE_SECONDS", "3")
 # calls of runs_recover_stalled); tests of the workers' own sweep turn it on.
 os.environ.setdefault("GATEHOUSE_RECOVERY_SWEEP_SECONDS", "0")
 os.environ.setdefault("GATEHOUSE_VAR_DIR", "/tmp/gatehouse-test-var")
+# Retention tests purge audit events days old; the operator's floor (365 days
+# by default) is tested on its own (tests/retention/test_policies.py).
+os.environ.setdefault("GATEHOUSE_AUDIT_RETENTION_MIN_DAYS", "1")
 # Mail sent by the workers the suite starts lands in files here, where a test
 # reads it (the test process itself uses Django's locmem outbox). Set once, so
 # the workers, which inherit this environment, write where the tests look.

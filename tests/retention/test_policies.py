@@ -44,6 +44,23 @@ def test_audit_retention_shorter_than_the_checkpoint_ttl_is_refused():
     assert not RetentionPolicy.objects.filter(tenant=tenant).exists()
 
 
+def test_audit_retention_under_the_operators_minimum_is_refused(settings):
+    settings.GATEHOUSE_AUDIT_RETENTION_MIN_DAYS = 365
+    tenant = make_tenant()
+    with pytest.raises(ValidationError) as caught:
+        retention_policy_set(
+            tenant=tenant, actor=TESTS, checkpoint_ttl_days=1, audit_retention_days=364
+        )
+    assert "GATEHOUSE_AUDIT_RETENTION_MIN_DAYS" in str(
+        caught.value.message_dict["audit_retention_days"]
+    )
+    assert not RetentionPolicy.objects.filter(tenant=tenant).exists()
+    retention_policy_set(
+        tenant=tenant, actor=TESTS, checkpoint_ttl_days=1, audit_retention_days=365
+    )
+    assert RetentionPolicy.objects.get(tenant=tenant).audit_retention_days == 365
+
+
 @pytest.mark.parametrize(
     "values",
     [
