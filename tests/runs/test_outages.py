@@ -91,17 +91,6 @@ def _backend_pids() -> list[int]:
         return [pid for (pid,) in cursor.fetchall()]
 
 
-def _dsn() -> dict:
-    params = connection.settings_dict
-    return {
-        "host": params["HOST"],
-        "port": params["PORT"],
-        "user": params["USER"],
-        "password": params["PASSWORD"],
-        "dbname": params["NAME"],
-    }
-
-
 def _terminate(pids: list[int]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -179,7 +168,7 @@ def test_a_request_the_database_drops_half_way_leaves_its_key_free():
     ):
         if sql.startswith('INSERT INTO "runs_thread"') and not cuts:
             own_pid = context["connection"].connection.info.backend_pid
-            with psycopg.connect(**_dsn(), autocommit=True) as other:
+            with psycopg.connect(workers.test_database_url(), autocommit=True) as other:
                 cuts.append(
                     other.execute(
                         "SELECT pg_terminate_backend(%s)", [own_pid]
