@@ -37,7 +37,12 @@ def _parsed(parse, what: str):
             try:
                 return parse(text)
             except ValueError as exc:
-                raise forms.ValidationError(str(exc)) from None
+                # As a parameter, never the message itself: django-filter
+                # %-formats messages, and the reason quotes the client's text
+                # (?tz=% was a 500).
+                raise forms.ValidationError(
+                    "%(reason)s", params={"reason": str(exc)}
+                ) from None
 
     ParsedField.__name__ = f"{what.title()}Field"
     return ParsedField

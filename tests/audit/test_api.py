@@ -209,6 +209,9 @@ def test_pages_are_oldest_first_in_a_stable_order_without_gaps():
         ({"until": "2026-13-01T00:00:00Z"}, "until"),
         ({"since": "2026-03-02T00:00:00Z", "until": "2026-03-01T00:00:00Z"}, "until"),
         ({"actor": "robot"}, "actor"),
+        # A reason that quotes the client's text is not a format string.
+        ({"date": "2026-03-29", "tz": "%"}, "tz"),
+        ({"actor": "%s%(x)s"}, "actor"),
         ({"kind": "k" * 100}, "kind"),
         ({"cursor": "not-a-cursor"}, "cursor"),
         ({"format": "xml"}, "format"),
