@@ -126,3 +126,36 @@ def test_settings_put_the_reusing_backend_in_place_of_djangos():
     env = {**production_env(), "CACHE_URL": "rediscache://127.0.0.1:6379/8"}
     caches = settings_in_process(env, "CACHES")["CACHES"]
     assert caches["default"]["BACKEND"] == "runs.cache.RedisCache"
+
+
+def test_one_redis_connection_serves_every_request_of_a_web_process(transactional_db):
+    """Under ASGI each request has a `caches` of its own: the cache's pool is
+    the process's, so sequential requests reuse one connection to Redis rather
+    than opening one each (what every request did: a pool per instance)."""
+    import httpx
+    import redis
+
+    from tests.servers import LiveServer
+
+    name = f"gh-test-{uuid.uuid4().hex[:12]}"
+    location = django_settings.CELERY_BROKER_URL.replace("redis://", "rediscache://")
+    server = LiveServer(
+        workers=1, env={"CACHE_URL": f"{location}?client_name={name}"}, name=name
+    )
+    admin = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    try:
+        tenant = make_tenant()
+        _, secret = make_api_key(tenant)
+        seen: set[int] = set()
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {secret}"}
+        ) as http:
+            for _ in range(12):
+                assert http.get("/api/v1/agents").status_code == 200
+                seen |= {c["id"] for c in admin.client_list() if c["name"] == name}
+        # The key was read and its budget counted through Redis, by a
+        # connection that stayed open from the first request to the last.
+        assert len(seen) == 1, seen
+    finally:
+        admin.close()
+        server.stop()
