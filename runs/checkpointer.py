@@ -88,6 +88,11 @@ _COLUMN_FILTERS = {"source": str, "step": int, "run_id": str}
 _DELTA_METADATA_KEYS = ("counters_since_delta_snapshot", "delta_writes_versioned")
 _BATCH = 500
 _LIST_CHUNK = 100
+# A put_writes call with several regular writes stores them as one row: its
+# idx is this plus the first write's position (special channels have negative
+# idx, regular writes their position), its channel is empty, and its value is
+# the encrypted list of [idx, channel, serialized value] (kind "writes").
+PACKED_WRITES_IDX = 1 << 30
 
 _CHECKPOINT_FIELDS = (
     "thread_id",
@@ -280,7 +285,8 @@ def _pg_delta_history_statement(latest: bool) -> str:
         "(SELECT channel, task_id, idx, task_path, value "
         f"FROM {tables.write} WHERE thread_id = (SELECT id FROM t) "
         "AND checkpoint_ns = %(ns)s AND checkpoint_id = chain.checkpoint_id "
-        "AND channel = ANY(%(channels)s::text[]) OFFSET 0) AS w "
+        "AND (channel = ANY(%(channels)s::text[]) "
+        f"OR idx >= {PACKED_WRITES_IDX}) OFFSET 0) AS w "
         "WHERE chain.depth > 0 "
         "UNION ALL SELECT 'b', 0, NULL, seeds.ch, NULL, NULL, seeds.version, b.value "
         "FROM seeds CROSS JOIN LATERAL (SELECT value FROM "
@@ -753,8 +759,15 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             # one statement may not touch a row twice, so keep only that one.
             indexed = list({idx: (idx, ch, v) for idx, ch, v in indexed}.values())
 
+        singles, packed = indexed, []
+        if not special:
+            regular = [write for write in indexed if write[0] >= 0]
+            if len(regular) > 1:
+                singles = [write for write in indexed if write[0] < 0]
+                packed = regular
+
         def seal(cipher: ThreadCipher) -> list[tuple[int, str, bytes]]:
-            return [
+            rows = [
                 (
                     idx,
                     channel,
@@ -766,8 +779,28 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                         serializer=self.serde,
                     ),
                 )
-                for idx, channel, value in indexed
+                for idx, channel, value in singles
             ]
+            if packed:
+                idx = PACKED_WRITES_IDX + packed[0][0]
+                items = [
+                    [position, channel, self.serde.dumps(value)]
+                    for position, channel, value in packed
+                ]
+                rows.append(
+                    (
+                        idx,
+                        "",
+                        cipher.encrypt_value(
+                            items,
+                            row=_write_row(
+                                ns, checkpoint_id, task_id, idx, "", task_path
+                            ),
+                            serializer=self.serde,
+                        ),
+                    )
+                )
+            return rows
 
         _bind_thread_connection(self.using)
         outages.through_outages(
@@ -795,9 +828,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         if known is not None and self._on_postgres:
             thread_pk, cipher = known
             params: list[Any] = [thread_pk, ns, checkpoint_id, task_id, task_path]
-            for row in seal(cipher):
+            sealed = seal(cipher)
+            for row in sealed:
                 params += row
-            statement = _put_writes_statement(len(indexed), special)
+            statement = _put_writes_statement(len(sealed), special)
             if self._write_if_alive(statement, params):
                 return
         with transaction.atomic(using=self.using):
@@ -916,31 +950,27 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         )
         chain = sorted((r for r in rows if r[0] == "c"), key=lambda r: r[1])
         seed_depth, seeds = self._delta_seeds(cipher, ns, chain, rows, channels)
-        writes: dict[str, list[tuple]] = {ch: [] for ch in channels}
+        stored: dict[tuple[int, str], list[tuple]] = defaultdict(list)
         for kind, depth, cid, channel, task_id, idx, task_path, value in rows:
-            if kind == "w" and depth <= seed_depth.get(channel, depth):
-                writes[channel].append((depth, cid, task_id, idx, task_path, value))
+            if kind == "w":
+                stored[(depth, cid)].append((task_id, idx, channel, task_path, value))
+        writes: dict[str, list[tuple]] = {ch: [] for ch in channels}
+        for (depth, cid), found in stored.items():
+            wanted = {ch for ch in channels if depth <= seed_depth.get(ch, depth)}
+            for task_id, idx, ch, task_path, value in self._open_writes(
+                cipher, ns, cid, found, wanted
+            ):
+                writes[ch].append((depth, task_id, idx, task_path, value))
         history: dict[str, DeltaChannelHistory] = {}
         for ch in channels:
             # Oldest checkpoint first; inside one, the order live execution
             # applied its tasks' writes in (writes_sort_key).
             ordered = sorted(
                 writes[ch],
-                key=lambda w: (-w[0], writes_sort_key(w[4], w[2], w[3])),
+                key=lambda w: (-w[0], writes_sort_key(w[3], w[1], w[2])),
             )
             entry: DeltaChannelHistory = {
-                "writes": [
-                    (
-                        task_id,
-                        ch,
-                        cipher.decrypt_value(
-                            value,
-                            row=_write_row(ns, cid, task_id, idx, ch, task_path),
-                            serializer=self.serde,
-                        ),
-                    )
-                    for _, cid, task_id, idx, task_path, value in ordered
-                ]
+                "writes": [(task_id, ch, value) for _, task_id, _, _, value in ordered]
             }
             if ch in seeds:
                 entry["seed"] = seeds[ch]
@@ -1236,6 +1266,58 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             for row, cipher, body, metadata in loaded
         ]
 
+    def _open_writes(
+        self,
+        cipher: ThreadCipher,
+        ns: str,
+        checkpoint_id: str,
+        stored: Iterable[tuple],
+        channels: set[str] | None = None,
+    ) -> list[tuple[str, int, str, str, Any]]:
+        """A checkpoint's stored write rows (task id, idx, channel, task path,
+        ciphertext), decrypted: (task id, idx, channel, task path, value).
+
+        A packed row (idx at or over PACKED_WRITES_IDX) gives its writes, each
+        with its own idx; a single row of the same task and idx (an upsert of
+        a special channel) wins over a packed one. `channels`: only those.
+        """
+        singles: dict[tuple[str, int], tuple] = {}
+        single_keys: set[tuple[str, int]] = set()
+        packed: list[tuple] = []
+        for task_id, idx, channel, task_path, value in stored:
+            idx = int(idx)
+            if idx < PACKED_WRITES_IDX:
+                single_keys.add((task_id, idx))
+                if channels is None or channel in channels:
+                    singles[(task_id, idx)] = (
+                        task_id,
+                        idx,
+                        channel,
+                        task_path,
+                        cipher.decrypt_value(
+                            value,
+                            row=_write_row(
+                                ns, checkpoint_id, task_id, idx, channel, task_path
+                            ),
+                            serializer=self.serde,
+                        ),
+                    )
+                continue
+            items = cipher.decrypt_value(
+                value,
+                row=_write_row(ns, checkpoint_id, task_id, idx, "", task_path),
+                serializer=self.serde,
+            )
+            for position, channel, data in items:
+                if channels is None or channel in channels:
+                    packed.append(
+                        (task_id, position, channel, task_path, self.serde.loads(data))
+                    )
+        return [
+            *singles.values(),
+            *(w for w in packed if (w[0], w[1]) not in single_keys),
+        ]
+
     def _build_tuple(
         self,
         row: _Row,
@@ -1259,22 +1341,16 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 stored, row=("blob", row.ns, channel, version), serializer=self.serde
             )
         pending = sorted(
-            writes.get((row.thread_pk, row.ns, row.checkpoint_id), ()),
+            self._open_writes(
+                cipher,
+                row.ns,
+                row.checkpoint_id,
+                writes.get((row.thread_pk, row.ns, row.checkpoint_id), ()),
+            ),
             key=lambda w: writes_sort_key(w[3], w[0], w[1]),
         )
         pending_writes = [
-            (
-                task_id,
-                channel,
-                cipher.decrypt_value(
-                    value,
-                    row=_write_row(
-                        row.ns, row.checkpoint_id, task_id, idx, channel, task_path
-                    ),
-                    serializer=self.serde,
-                ),
-            )
-            for task_id, idx, channel, task_path, value in pending
+            (task_id, channel, value) for task_id, _, channel, _, value in pending
         ]
         checkpoint = {**body, "id": row.checkpoint_id, "channel_values": channel_values}
         return CheckpointTuple(
@@ -1589,4 +1665,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 def _write_row(
     ns: str, checkpoint_id: str, task_id: str, idx: int, channel: str, task_path: str
 ) -> tuple:
+    """The associated data of a pending-write row: one write, or a packed row
+    (idx at or over PACKED_WRITES_IDX) of a call's writes."""
+    if idx >= PACKED_WRITES_IDX:
+        return ("writes", ns, checkpoint_id, task_id, idx, task_path)
     return ("write", ns, checkpoint_id, task_id, idx, channel, task_path)

@@ -20,7 +20,7 @@ from langgraph.types import Command, interrupt
 
 from audit.models import AuditEvent
 from runs import storage
-from runs.checkpointer import DjangoSaver
+from runs.checkpointer import PACKED_WRITES_IDX, DjangoSaver
 from runs.crypto import NotCiphertext, TamperedCiphertext, ThreadDeleted
 from runs.models import ChannelBlob, Checkpoint, PendingWrite, Thread
 from runs.serde import DisallowedType
@@ -310,6 +310,76 @@ def test_pending_writes_come_back_in_langgraph_order():
 
     writes = saver.get_tuple(stored).pending_writes
     assert [value for _, _, value in writes] == [4, 3, 1, 2]
+
+
+@pytest.mark.django_db
+def test_a_tasks_writes_are_one_row_and_come_back_one_by_one():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {})
+    saver.put_writes(
+        stored,
+        [("messages", ["hi"]), ("branch:to:b", None), ("__error__", "oops")],
+        "task-1",
+    )
+    # Repeated (a retried task): regular writes are kept from the first call.
+    saver.put_writes(stored, [("messages", ["again"]), ("other", 1)], "task-1")
+    saver.put_writes(stored, [("__error__", "later")], "task-1")
+
+    rows = sorted(PendingWrite.objects.values_list("idx", "channel"))
+    # The special write its own row (upserted), the two regular ones packed.
+    assert rows == [(-1, "__error__"), (PACKED_WRITES_IDX, "")]
+    assert b"hi" not in bytes(PendingWrite.objects.get(channel="").value)
+    assert saver.get_tuple(stored).pending_writes == [
+        ("task-1", "__error__", "later"),
+        ("task-1", "messages", ["hi"]),
+        ("task-1", "branch:to:b", None),
+    ]
+
+    saver.copy_thread("a", "b")
+    assert saver.get_tuple(thread_config("b")).pending_writes == [
+        ("task-1", "__error__", "later"),
+        ("task-1", "messages", ["hi"]),
+        ("task-1", "branch:to:b", None),
+    ]
+
+
+@pytest.mark.django_db
+def test_packed_writes_are_bound_to_their_row():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {})
+    saver.put_writes(stored, [("x", 1), ("y", 2)], "task-1")
+    saver.put_writes(stored, [("x", 3), ("y", 4)], "task-2")
+    one, two = PendingWrite.objects.order_by("task_id")
+    PendingWrite.objects.filter(pk=two.pk).update(value=one.value)
+
+    with pytest.raises(TamperedCiphertext):
+        saver.get_tuple(stored)
+
+
+@pytest.mark.django_db
+def test_writes_stored_one_row_each_still_read():
+    """Rows written before writes were packed: one per write."""
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {})
+    thread = Thread.objects.get()
+    cipher = stored_cipher(thread.pk)
+    checkpoint_id = stored["configurable"]["checkpoint_id"]
+    for idx, (channel, value) in enumerate([("x", 1), ("y", 2)]):
+        PendingWrite.objects.create(
+            thread=thread,
+            checkpoint_id=checkpoint_id,
+            task_id="task-1",
+            idx=idx,
+            channel=channel,
+            value=cipher.encrypt_value(
+                value, row=("write", "", checkpoint_id, "task-1", idx, channel, "")
+            ),
+        )
+
+    assert saver.get_tuple(stored).pending_writes == [
+        ("task-1", "x", 1),
+        ("task-1", "y", 2),
+    ]
 
 
 @pytest.mark.django_db
