@@ -67,7 +67,7 @@ import secrets
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
 import ormsgpack
@@ -229,11 +229,46 @@ _WRAP_AAD_PREFIX = "gatehouse-data-key"
 # Values larger than this are compressed before encryption: ciphertext does
 # not compress, so the database's own compression no longer helps.
 COMPRESS_MIN_BYTES = 256
-# Flags in the encoding byte, above the serde type code; 0x80 is reserved.
+# Flags in the encoding byte, above the serde type code: zstd (values written
+# before the dictionary), or zstd with FORMAT_DICTIONARY. Both set: refused.
 _ZSTD = 0x40
-_CODEC_BITS = 0x80 | _ZSTD
+_ZSTD_DICT = 0x80
+_CODEC_BITS = _ZSTD_DICT | _ZSTD
 _ZSTD_LEVEL = 1
 _codecs = threading.local()
+# zstd's raw-content dictionary for the values Gatehouse stores: LangGraph's
+# checkpoint and metadata keys, its special channels, the zero-padded channel
+# versions, langchain-core messages as the serializer writes them. Structure,
+# no content. Small values (a checkpoint, a step's message) then compress to
+# about half what zstd makes of them alone. Stored values need these exact
+# bytes to be read: never change them (tests pin their hash); a new
+# dictionary is a new codec flag.
+FORMAT_DICTIONARY = base64.b64decode(
+    "A5PHhgWUvWxhbmdjaGFpbl9jb3JlLm1lc3NhZ2VzLmh1bWFurEh1bWFuTWVzc2FnZYanY29udGVu"
+    "dKCxYWRkaXRpb25hbF9rd2FyZ3OAsXJlc3BvbnNlX21ldGFkYXRhgKR0eXBlpWh1bWFupG5hbWXA"
+    "omlkoWGzbW9kZWxfdmFsaWRhdGVfanNvbsfPBZS6bGFuZ2NoYWluX2NvcmUubWVzc2FnZXMuYWmp"
+    "QUlNZXNzYWdliadjb250ZW50oLFhZGRpdGlvbmFsX2t3YXJnc4CxcmVzcG9uc2VfbWV0YWRhdGGA"
+    "pHR5cGWiYWmkbmFtZcCiaWShYqp0b29sX2NhbGxzkYSkbmFtZaF0pGFyZ3OAomlkoWOkdHlwZal0"
+    "b29sX2NhbGyyaW52YWxpZF90b29sX2NhbGxzkK51c2FnZV9tZXRhZGF0YcCzbW9kZWxfdmFsaWRh"
+    "dGVfanNvbserBZS8bGFuZ2NoYWluX2NvcmUubWVzc2FnZXMudG9vbKtUb29sTWVzc2FnZYmnY29u"
+    "dGVudKCxYWRkaXRpb25hbF9rd2FyZ3OAsXJlc3BvbnNlX21ldGFkYXRhgKR0eXBlpHRvb2ykbmFt"
+    "ZcCiaWShZKx0b29sX2NhbGxfaWShY6hhcnRpZmFjdMCmc3RhdHVzp3N1Y2Nlc3OzbW9kZWxfdmFs"
+    "aWRhdGVfanNvbgOYkwCobWVzc2FnZXPEAJMBqmJyYW5jaDp0bzrEAJP9rV9faW50ZXJydXB0X1/E"
+    "AJP8ql9fcmVzdW1lX1/EAJP/qV9fZXJyb3JfX8QAk/6tX19zY2hlZHVsZWRfX8QAkwCqX19yZXR1"
+    "cm5fX8QAkwCuX19wcmVnZWxfdGFza3PEAAOJpnNvdXJjZaRsb29wpHN0ZXABp3BhcmVudHOApnJ1"
+    "bl9pZKCpdGhyZWFkX2lkoKxhc3Npc3RhbnRfaWSgqGdyYXBoX2lkoL1jb3VudGVyc19zaW5jZV9k"
+    "ZWx0YV9zbmFwc2hvdIGobWVzc2FnZXOSAQK2ZGVsdGFfd3JpdGVzX3ZlcnNpb25lZIGobWVzc2Fn"
+    "ZXMBA4Omc291cmNlpWlucHV0pHN0ZXD/p3BhcmVudHOAA4Gmc291cmNlpnVwZGF0ZQOBpnNvdXJj"
+    "ZaRmb3JrA4ihdgSidHPZIDIwMjYtMDEtMDFUMDA6MDA6MDAuMDAwMDAwKzAwOjAwsGNoYW5uZWxf"
+    "dmVyc2lvbnODqV9fc3RhcnRfX9kkMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDEuMC41"
+    "qG1lc3NhZ2Vz2SQwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMi4wLjWqYnJhbmNoOnRv"
+    "OtkkMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDIuMC41rXZlcnNpb25zX3NlZW6DqV9f"
+    "aW5wdXRfX4CpX19zdGFydF9fgalfX3N0YXJ0X1/ZJDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAw"
+    "MDAwMDAxLjAuNaCBqmJyYW5jaDp0bzrZJDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAx"
+    "LjAuNbB1cGRhdGVkX2NoYW5uZWxzkqpicmFuY2g6dG86qG1lc3NhZ2VzrmNoYW5uZWxfdmFsdWVz"
+    "gqpicmFuY2g6dG86wK1fX3ByZWdlbF9wdWxswK1ibG9iX2NoYW5uZWxzkK1wZW5kaW5nX3NlbmRz"
+    "kA=="
+)
 _DATA_KEY_CACHE_SIZE = 10_000
 _cache_lock = threading.Lock()
 
@@ -574,12 +609,31 @@ class ThreadCipher:
         return decode_value(self.decrypt(ciphertext, row=row), serializer)
 
 
+@cache
+def _format_dictionary() -> zstandard.ZstdCompressionDict:
+    return zstandard.ZstdCompressionDict(
+        FORMAT_DICTIONARY, dict_type=zstandard.DICT_TYPE_RAWCONTENT
+    )
+
+
 def _compressor() -> zstandard.ZstdCompressor:
     # zstd contexts are not safe to share between threads; one per thread.
     compressor = getattr(_codecs, "compressor", None)
     if compressor is None:
-        compressor = _codecs.compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+        compressor = _codecs.compressor = zstandard.ZstdCompressor(
+            level=_ZSTD_LEVEL, dict_data=_format_dictionary()
+        )
     return compressor
+
+
+def _decompressor(codec: int) -> zstandard.ZstdDecompressor:
+    decompressors = getattr(_codecs, "decompressors", None)
+    if decompressors is None:
+        decompressors = _codecs.decompressors = {
+            _ZSTD: zstandard.ZstdDecompressor(),
+            _ZSTD_DICT: zstandard.ZstdDecompressor(dict_data=_format_dictionary()),
+        }
+    return decompressors[codec]
 
 
 def encode_value(value: Any, serializer: StrictSerializer | None = None) -> bytes:
@@ -591,15 +645,15 @@ def encode_value(value: Any, serializer: StrictSerializer | None = None) -> byte
     packed = _compressor().compress(memoryview(encoded)[1:])
     if len(packed) + 1 >= len(encoded):
         return encoded
-    return bytes((encoded[0] | _ZSTD,)) + packed
+    return bytes((encoded[0] | _ZSTD_DICT,)) + packed
 
 
 def decode_value(plaintext: bytes, serializer: StrictSerializer | None = None) -> Any:
     codec = plaintext[0] & _CODEC_BITS if plaintext else 0
     if codec:
-        if codec != _ZSTD:
+        if codec == _CODEC_BITS:
             raise CryptoError(f"unknown encoding byte 0x{plaintext[0]:02x}")
-        body = zstandard.ZstdDecompressor().decompress(memoryview(plaintext)[1:])
+        body = _decompressor(codec).decompress(memoryview(plaintext)[1:])
         plaintext = bytes((plaintext[0] & ~_CODEC_BITS,)) + body
     return (serializer or default_serializer()).loads(plaintext)
 

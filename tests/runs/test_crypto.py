@@ -1,9 +1,11 @@
 """runs.crypto: data keys, thread ciphertext bound to its row, compression."""
 
 import dataclasses
+import hashlib
 import pickle
 
 import pytest
+import zstandard
 
 from runs import crypto
 from runs.crypto import NotCiphertext, TamperedCiphertext, ThreadCipher
@@ -100,14 +102,60 @@ def test_large_values_are_compressed_before_encryption():
     assert cipher.decrypt_value(blob, row=ROW) == value
 
 
+def test_the_format_dictionary_never_changes():
+    """Stored values need its exact bytes: a new dictionary is a new codec flag."""
+    assert hashlib.sha256(crypto.FORMAT_DICTIONARY).hexdigest() == (
+        "dd2c9651b5327c7e007aea7dca397124fedff0c81618194440a5c85dfb35d855"
+    )
+
+
+def test_values_compressed_without_the_dictionary_still_read():
+    """Values written before the dictionary: zstd alone (flag 0x40)."""
+    value = {"messages": ["the same sentence, again and again. "] * 500}
+    encoded = StrictSerializer().dumps(value)
+    old = bytes((encoded[0] | 0x40,)) + zstandard.ZstdCompressor(level=1).compress(
+        encoded[1:]
+    )
+    assert crypto.decode_value(old) == value
+    assert crypto.encode_value(value)[0] & 0xC0 == 0x80  # now: with the dictionary
+
+
+def test_the_dictionary_shrinks_small_structured_values():
+    checkpoint = {
+        "v": 4,
+        "ts": "2026-11-30T22:01:38.977492+00:00",
+        "channel_versions": {
+            "__start__": "00000000000000000000000000000002.0.804279202313459",
+            "messages": "00000000000000000000000000000051.0.4467582150519571",
+            "branch:to:speak": "00000000000000000000000000000051.0.4467582150519571",
+        },
+        "versions_seen": {
+            "__input__": {},
+            "__start__": {
+                "__start__": "00000000000000000000000000000001.0.629698810775073"
+            },
+            "speak": {
+                "branch:to:speak": "00000000000000000000000000000050.0.2229016554651657"
+            },
+        },
+        "updated_channels": ["branch:to:speak", "messages"],
+        "channel_values": {"branch:to:speak": None},
+        "blob_channels": [],
+    }
+    encoded = StrictSerializer().dumps(checkpoint)
+    alone = len(zstandard.ZstdCompressor(level=1).compress(encoded[1:]))
+    assert len(crypto.encode_value(checkpoint)) < alone * 0.75
+    assert crypto.decode_value(crypto.encode_value(checkpoint)) == checkpoint
+
+
 def test_an_unknown_compression_flag_is_refused():
-    """zstd is the one codec (a pinned dependency); any other flag is refused,
-    never guessed at."""
+    """zstd (with or without the dictionary) is the one codec (a pinned
+    dependency); any other flag is refused, never guessed at."""
     value = {"messages": ["the same sentence, again and again. "] * 500}
     encoded = crypto.encode_value(value)
-    assert encoded[0] & 0x40  # zstd
+    assert encoded[0] & 0xC0 == 0x80  # zstd with the dictionary
     with pytest.raises(crypto.CryptoError, match="unknown encoding byte"):
-        crypto.decode_value(bytes((encoded[0] | 0x80,)) + encoded[1:])
+        crypto.decode_value(bytes((encoded[0] | 0x40,)) + encoded[1:])
 
 
 def test_data_key_is_bound_to_its_tenant():
