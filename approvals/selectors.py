@@ -14,12 +14,16 @@ from runs import permissions
 from runs.crypto import ThreadCipher
 
 
-def approval_view(request: ApprovalRequest) -> ApprovalRequest:
+def approval_view(
+    request: ApprovalRequest, decisions: list | None = None
+) -> ApprovalRequest:
     """The request with `payload`, the current `args` and their `edits`, and
-    `decisions_shown`, decrypted for display."""
+    `decisions_shown`, decrypted for display. `decisions`: its decisions in
+    order, when the caller has them (a decision just taken), else read."""
     cipher = ThreadCipher.for_thread(request.thread)
     request.payload = payload_of(request, cipher)
-    decisions = list(request.decisions.all())
+    if decisions is None:
+        decisions = list(request.decisions.all())
     request.args = current_args(request.payload["args"], decisions, cipher)
     request.edits = request_diff(request, request.payload["args"], request.args)
     shown = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db import transaction
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics
 from rest_framework.response import Response
@@ -34,8 +35,13 @@ def _tenant_requests(request):
     )
 
 
-def _render(approval: ApprovalRequest, serializer_class=ApprovalSerializer, **extra):
-    shown = approval_view(approval)
+def _render(
+    approval: ApprovalRequest,
+    serializer_class=ApprovalSerializer,
+    decisions: list | None = None,
+    **extra,
+):
+    shown = approval_view(approval, decisions)
     data = {
         **{
             field: getattr(shown, field)
@@ -129,17 +135,24 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
         reviewer = Reviewer.for_principal(
             request.principal, claimed_label=body.validated_data["reviewer"]
         )
-        approval, run = approval_decide(
-            approval=approval,
-            reviewer=reviewer,
-            approved=body.validated_data["approved"],
-            note=body.validated_data["note"],
-            args=body.validated_data.get("args"),
-            plan=body.validated_data.get("plan"),
-        )
-        resumed = {"run_id": run.id, "status": run.status} if run else None
-        body = _render(approval, DecisionResultSerializer, resumed_run=resumed)
-        # The answer shows the payload and the decisions: a read like the
-        # detail's, besides the decision itself.
-        approval_read(approval=approval, actor=actor_for(request), how="decision")
+        # One transaction: the decision, and the read of the answer that
+        # shows the payload and the decisions (a read like the detail's,
+        # besides the decision itself), recorded with it.
+        with transaction.atomic():
+            approval, run = approval_decide(
+                approval=approval,
+                reviewer=reviewer,
+                approved=body.validated_data["approved"],
+                note=body.validated_data["note"],
+                args=body.validated_data.get("args"),
+                plan=body.validated_data.get("plan"),
+            )
+            resumed = {"run_id": run.id, "status": run.status} if run else None
+            body = _render(
+                approval,
+                DecisionResultSerializer,
+                decisions=approval.decisions_now,
+                resumed_run=resumed,
+            )
+            approval_read(approval=approval, actor=actor_for(request), how="decision")
         return Response(body)

@@ -78,7 +78,7 @@ def _same_reviewer(reviewer: Reviewer) -> StateConflict:
     return StateConflict(message, code="same_reviewer")
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def approval_decide(
     *,
     approval: ApprovalRequest,
@@ -101,6 +101,11 @@ def approval_decide(
     `seen_args` are the arguments the reviewer was shown (the desk's card):
     if another reviewer's edit changed them since, RequestChanged, and
     nothing is recorded.
+
+    In the caller's transaction if there is one, with no savepoint of its
+    own: a caller that goes on after a refusal puts one around it. The
+    request returned has `decisions_now`: its decisions, this one last, as
+    `approvals.selectors.approval_view` shows them.
     """
     note = (note or "").strip()
     if not approved and not note:
@@ -143,6 +148,7 @@ def approval_decide(
         {"note": note, "args": edit, "edits": edits}, row=decision_row(decision)
     )
     decision.save()
+    request.decisions_now = [*earlier, decision]
 
     approvals = len(counted | {reviewer.counted_as}) if approved else 0
     settled = (not approved) or approvals >= request.required_approvals
@@ -185,5 +191,6 @@ def approval_decide(
             edits=request_diff(request, original, approved_args) if approved else [],
         ),
         actor=reviewer.actor,
+        thread_locked=True,
     )
     return request, run

@@ -30,7 +30,7 @@ from audit.services import Actor, record
 from runs.crypto import ThreadCipher
 from runs.errors import StateConflict
 from runs.models import Run, Thread
-from runs.services import run_resume
+from runs.services import run_resume, run_resume_locked
 
 SYSTEM = Actor.system("approval escalation")
 
@@ -91,7 +91,7 @@ def locked_pending(approval: ApprovalRequest) -> ApprovalRequest:
     transaction: of concurrent callers one goes ahead, the others wait and
     then see what the first one did."""
     locked = (
-        ApprovalRequest.objects.select_related("thread", "thread__tenant", "tenant")
+        ApprovalRequest.objects.select_related("tenant")
         .select_for_update(of=("self",), no_key=True)
         .get(pk=approval.pk)
     )
@@ -104,11 +104,13 @@ def locked_pending(approval: ApprovalRequest) -> ApprovalRequest:
     # insert that references the tenant checks (FOR KEY SHARE) at its commit,
     # some while holding the tenant's audit sequence: a deadlock. OF the
     # thread, no ordering, and FOR NO KEY UPDATE (see the module's docstring).
-    list(
-        Thread.objects.select_for_update(of=("self",), no_key=True)
-        .filter(pk=locked.thread_id)
+    # Read with the lock, so `locked.thread` is current: resuming its run
+    # (approval_resolve, thread_locked) reads it no second time.
+    locked.thread = (
+        Thread.objects.select_related("tenant")
+        .select_for_update(of=("self",), no_key=True)
         .order_by()
-        .values_list("pk", flat=True)
+        .get(pk=locked.thread_id)
     )
     return locked
 
@@ -147,14 +149,21 @@ def approval_settle(
 
 
 def approval_resolve(
-    *, approval: ApprovalRequest, status: str, value: dict[str, Any], actor: Actor
+    *,
+    approval: ApprovalRequest,
+    status: str,
+    value: dict[str, Any],
+    actor: Actor,
+    thread_locked: bool = False,
 ) -> Run:
     """Settle the (locked) request and resume its run with `value`, in the
     caller's transaction: settled first, since the gate opens only for the
     value stored with it. A run of the thread still executing is queued
-    behind, so no decision is lost."""
+    behind, so no decision is lost. `thread_locked`: the request came from
+    `locked_pending`, whose thread is locked and current."""
     approval_settle(approval=approval, status=status, resume_value=value)
-    return run_resume(
+    resume = run_resume_locked if thread_locked else run_resume
+    return resume(
         thread=approval.thread,
         resume={approval.interrupt_id: value},
         actor=actor,

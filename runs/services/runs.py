@@ -298,7 +298,33 @@ def run_resume(
     refused, so no decision is ever lost. `agent` and `version`, when given,
     must be the thread's.
     """
-    thread = _lock(thread)
+    return run_resume_locked(
+        thread=_lock(thread),
+        resume=resume,
+        actor=actor,
+        behind_active_run=behind_active_run,
+        options=options,
+        agent=agent,
+        version=version,
+    )
+
+
+def run_resume_locked(
+    *,
+    thread: Thread,
+    resume: Any,
+    actor: Actor,
+    behind_active_run: bool = False,
+    options: RunOptions | None = None,
+    agent: str | None = None,
+    version: str | None = None,
+) -> Run:
+    """`run_resume` in the caller's transaction, which holds the thread's row
+    locked (FOR NO KEY UPDATE) and read it, with its tenant, after the lock:
+    no second read of the row, no savepoint of its own. A caller that must
+    go on after a refusal puts a savepoint around it."""
+    if thread.deleted_at is not None:
+        raise Thread.DoesNotExist(f"thread {thread.thread_id} was deleted")
     _bind_agent(thread, agent, version)
     active = _has_active_run(thread)
     if active and not behind_active_run:

@@ -1,0 +1,75 @@
+"""A decision over the API is one transaction: the decision, the run it
+resumes, and the read of the answer (which shows the payload), with the rows
+it locked read once."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from audit import events
+from audit.models import AuditEvent
+from runs.models import Run
+from tests.approvals.helpers import waiting_request
+from tests.factories import api_client, make_api_key, make_tenant
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _reads(queries, table: str) -> int:
+    return sum(
+        1
+        for q in queries
+        if q["sql"].startswith("SELECT") and f'FROM "{table}"' in q["sql"]
+    )
+
+
+def test_a_decision_is_one_transaction_that_reads_each_row_once():
+    tenant = make_tenant()
+    approval = waiting_request(tenant)
+    _, secret = make_api_key(tenant, ["approvals"])
+    client = api_client(secret)
+    client.get("/api/v1/approvals")  # the key verified (no key query below)
+    with CaptureQueriesContext(connection) as captured:
+        response = client.post(
+            f"/api/v1/approvals/{approval.pk}/decision",
+            {"approved": True, "reviewer": "ops"},
+            format="json",
+        )
+    assert response.status_code == 200, response.content
+    assert response.json()["resumed_run"]["status"] == "queued"
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert [s for s in sql if s in ("BEGIN", "COMMIT")] == ["BEGIN", "COMMIT"]
+    assert not [s for s in sql if s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+    # The thread once (locked), the decisions once (before the new one).
+    assert _reads(captured.captured_queries, "runs_thread") == 1
+    assert _reads(captured.captured_queries, "approvals_decision") == 1
+    # The read of the answer is recorded in the decision's transaction.
+    begin, commit = sql.index("BEGIN"), sql.index("COMMIT")
+    audit_inserts = [
+        i for i, s in enumerate(sql) if 'INSERT INTO "audit_auditevent"' in s
+    ]
+    assert len(audit_inserts) == 3 and all(begin < i < commit for i in audit_inserts)
+    kinds = list(
+        AuditEvent.objects.filter(tenant=tenant)
+        .order_by("seq")
+        .values_list("kind", flat=True)
+    )[-3:]
+    assert kinds == [
+        e.name
+        for e in (events.APPROVAL_DECIDED, events.RUN_QUEUED, events.APPROVAL_READ)
+    ]
+    assert Run.objects.filter(thread=approval.thread, kind=Run.Kind.RESUME).count() == 1
+
+
+def test_a_refused_decision_records_nothing():
+    tenant = make_tenant()
+    approval = waiting_request(tenant)
+    _, secret = make_api_key(tenant, ["approvals"])
+    client = api_client(secret)
+    url = f"/api/v1/approvals/{approval.pk}/decision"
+    assert client.post(url, {"approved": True}, format="json").status_code == 200
+    before = AuditEvent.objects.filter(tenant=tenant).count()
+    again = client.post(url, {"approved": True}, format="json")
+    assert again.status_code == 409
+    assert again.json()["code"] == "already_decided"
+    assert AuditEvent.objects.filter(tenant=tenant).count() == before
