@@ -203,9 +203,10 @@ elif env.bool("DATABASE_POOL", default=False):
     }
 else:
     # Celery workers, beat and manage.py are synchronous, one thread per
-    # process: a persistent connection, health-checked before reuse. (A pool
-    # would not help there: Celery closes a prefork child's pool after every
-    # task.)
+    # process: a persistent connection, health-checked before reuse, kept by a
+    # worker from task to task (CELERY_DB_REUSE_MAX below, config.celery). The
+    # short-lived threads of a run (LangGraph's checkpoint writes, the lease
+    # heartbeat) hand theirs on to the next ones (runs.thread_connections).
     DATABASES["default"].setdefault(
         "CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", 60)
     )
@@ -401,6 +402,12 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
+# Celery's Django fixup closes every database connection before and after each
+# task unless this is set (then only once every that many tasks): a new
+# Postgres session for every task. Workers keep theirs as Django keeps a
+# persistent connection, closed by DATABASE_CONN_MAX_AGE, after errors and
+# failed health checks: config.celery applies Django's rule around each task.
+CELERY_DB_REUSE_MAX = 1_000_000
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # django-celery-beat's DatabaseScheduler, made to outlive a database outage.
 CELERY_BEAT_SCHEDULER = "runs.beat:OutageTolerantScheduler"

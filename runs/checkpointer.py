@@ -39,7 +39,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import threading
 from collections import defaultdict
 from collections.abc import (
     AsyncIterator,
@@ -74,7 +73,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from runs import crypto, outages, storage
+from runs import crypto, outages, storage, thread_connections
 from runs.crypto import ThreadCipher, ThreadDeleted
 from runs.models import ChannelBlob, Checkpoint, PendingWrite, Tenant, Thread
 from runs.serde import StrictSerializer
@@ -311,38 +310,6 @@ class _LiveThread:
     thread_id: str
     cipher: ThreadCipher
     uses_delta_channels: bool
-
-
-class _HeldConnection:
-    """A worker thread's connection, closed when the thread lets go of it."""
-
-    def __init__(self, wrapper) -> None:
-        self.wrapper = wrapper
-
-    def __del__(self) -> None:
-        # Runs as the thread ends; psycopg's own close works from any thread.
-        if self.wrapper.connection is not None:
-            self.wrapper.connection.close()
-
-
-_thread_connections = threading.local()
-
-
-def _bind_thread_connection(alias: str) -> None:
-    """Reuse the thread's connection in a fresh copy of a context.
-
-    LangGraph runs `put` and `put_writes` on executor threads, each call in a
-    new copy of the caller's context, where Django finds no connection and
-    opens one per call. Here the first one is kept for the thread (and closed
-    with it) and handed to the later calls.
-    """
-    if any(c.alias == alias for c in connections.all(initialized_only=True)):
-        return
-    held = getattr(_thread_connections, alias, None)
-    if held is None:
-        setattr(_thread_connections, alias, _HeldConnection(connections[alias]))
-    else:
-        connections[alias] = held.wrapper
 
 
 def _is_inline(value: Any) -> bool:
@@ -597,7 +564,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             uses_delta=any(isinstance(v, _DeltaSnapshot) for v in blob_values.values())
             or any(key in stored_metadata for key in _DELTA_METADATA_KEYS),
         )
-        _bind_thread_connection(self.using)
+        thread_connections.bind(self.using)
         outages.through_outages(
             lambda: self._put(thread_id, plan),
             what=f"checkpoint {checkpoint_id}",
@@ -802,7 +769,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 )
             return rows
 
-        _bind_thread_connection(self.using)
+        thread_connections.bind(self.using)
         outages.through_outages(
             lambda: self._put_writes(
                 thread_id, ns, checkpoint_id, task_id, task_path, indexed, special, seal
@@ -875,7 +842,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """One query on Postgres: the checkpoint, its blobs and its writes."""
-        _bind_thread_connection(self.using)
+        thread_connections.bind(self.using)
         configurable = config["configurable"]
         tables = _read_tables()
         # The thread's id is resolved first, so the latest checkpoint comes from
@@ -925,7 +892,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             return {}
         if not self._on_postgres:
             return super().get_delta_channel_history(config=config, channels=channels)
-        _bind_thread_connection(self.using)
+        thread_connections.bind(self.using)
         configurable = config["configurable"]
         ns = configurable.get("checkpoint_ns", "")
         checkpoint_id = get_checkpoint_id(config)
@@ -1124,7 +1091,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        _bind_thread_connection(self.using)
+        thread_connections.bind(self.using)
         queryset = self._checkpoints()
         if config:
             configurable = config["configurable"]
@@ -1382,7 +1349,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
     def delete_thread(self, thread_id: str) -> None:
         """Destroy every thread of the tenant stored under this id (the live one
         and any tombstone that still has rows): `runs.storage.thread_destroy`."""
-        _bind_thread_connection(self.using)
+        thread_connections.bind(self.using)
         with transaction.atomic(using=self.using):
             for thread in storage.threads_lock(
                 self._threads().filter(thread_id=str(thread_id))
@@ -1393,7 +1360,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         run_ids = [str(run_id) for run_id in run_ids]
         if not run_ids:
             return
-        _bind_thread_connection(self.using)
+        thread_connections.bind(self.using)
         with transaction.atomic(using=self.using):
             thread_pks = (
                 self._checkpoints()
@@ -1421,7 +1388,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write, re-encrypted for the target."""
-        _bind_thread_connection(self.using)
+        thread_connections.bind(self.using)
         source_thread_id = str(source_thread_id)
         target_thread_id = str(target_thread_id)
         with transaction.atomic(using=self.using):
@@ -1539,7 +1506,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         thread_ids = [str(thread_id) for thread_id in thread_ids]
         if not thread_ids:
             return
-        _bind_thread_connection(self.using)
+        thread_connections.bind(self.using)
         live = self._threads().filter(thread_id__in=thread_ids, deleted_at__isnull=True)
         if strategy == "delete":
             with transaction.atomic(using=self.using):

@@ -22,14 +22,23 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, transaction
 from django.db.models import Q, Subquery
 from django.utils import timezone
 from langgraph.types import Command
 
 from audit import events
 from audit.services import Actor
-from runs import compensation, dispatch, outages, patches, replay, selectors, streaming
+from runs import (
+    compensation,
+    dispatch,
+    outages,
+    patches,
+    replay,
+    selectors,
+    streaming,
+    thread_connections,
+)
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
@@ -118,6 +127,9 @@ class Heartbeat(threading.Thread):
         wait = interval
         try:
             while not self.stopped.wait(wait):
+                # A connection only for a run that lasts: off the shelf of
+                # the process's idle ones, back on it when the run ends.
+                thread_connections.bind()
                 now = timezone.now()
                 try:
                     renewed = Run.objects.filter(
@@ -138,7 +150,7 @@ class Heartbeat(threading.Thread):
                     logger.warning("run %s: lease lost to another worker", self.run_id)
                     return
         finally:
-            connection.close()
+            thread_connections.release()
 
     def stop(self) -> None:
         self.stopped.set()

@@ -29,6 +29,17 @@ def _fresh_throttle_cache():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_shelved_connections():
+    """Connections that this process's finished threads (LangGraph's executor,
+    a heartbeat) left for the next ones (runs.thread_connections) are one
+    test's: closed after it, or they would outlive the test database."""
+    yield
+    from runs import thread_connections
+
+    thread_connections.close_all()
+
+
 @pytest.fixture(scope="session")
 def _worker_process(django_db_setup):
     from tests.workers import Worker, purge_broker

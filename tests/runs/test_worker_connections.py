@@ -1,0 +1,184 @@
+"""Database connections are kept from run to run, not opened for each.
+
+Celery's Django fixup would close a worker's connections around every task
+(config.settings CELERY_DB_REUSE_MAX, config.celery), and LangGraph writes
+checkpoints on executor threads that are new for every run, which would each
+open a session of their own (runs.thread_connections).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from runs import thread_connections
+from runs.models import Run
+from tests.factories import tenant_with_client
+from tests.workers import Worker, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _sessions_opened() -> int:
+    """Sessions ever opened to the test database (pg_stat_database)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return cursor.fetchone()[0]
+
+
+def _in_a_thread(work):
+    """`work()` on a new thread bound to a connection as LangGraph's executor
+    threads are (by the checkpoint store); its result once the thread ended."""
+    result = {}
+
+    def target():
+        thread_connections.bind()
+        result["value"] = work()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    return result["value"]
+
+
+def _backend_pid():
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def _terminate(pid: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    wait_for(lambda: not _alive(pid), what=f"backend {pid} to end")
+
+
+def _alive(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        return cursor.fetchone()[0] == 1
+
+
+def test_a_thread_takes_the_connection_a_finished_thread_left():
+    first = _in_a_thread(_backend_pid)
+    assert thread_connections.shelved() == 1
+    assert _in_a_thread(_backend_pid) == first
+    assert thread_connections.shelved() == 1
+    assert first != _backend_pid()  # never this thread's own connection
+
+
+def test_threads_alive_at_once_have_connections_of_their_own():
+    started, done = threading.Barrier(3), threading.Event()
+    pids = []
+
+    def work():
+        pids.append(_backend_pid())
+        started.wait(timeout=10)
+        done.wait(timeout=10)
+
+    threads = [
+        threading.Thread(target=lambda: (thread_connections.bind(), work()))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    started.wait(timeout=10)
+    assert len(set(pids)) == 2
+    done.set()
+    for thread in threads:
+        thread.join()
+    assert thread_connections.shelved() == 2
+
+
+def test_the_shelf_keeps_a_few_and_closes_the_others():
+    count = thread_connections.SHELF_SIZE + 2
+    started, done = threading.Barrier(count + 1), threading.Event()
+    pids = []
+
+    def work():
+        thread_connections.bind()
+        pids.append(_backend_pid())
+        started.wait(timeout=10)
+        done.wait(timeout=10)
+
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    started.wait(timeout=10)
+    done.set()
+    for thread in threads:
+        thread.join()
+    assert thread_connections.shelved() == thread_connections.SHELF_SIZE
+    wait_for(
+        lambda: sum(_alive(pid) for pid in pids) == thread_connections.SHELF_SIZE,
+        what="the connections beyond the shelf to be closed",
+    )
+
+
+def test_a_shelved_connection_that_died_is_replaced_before_its_first_query():
+    first = _in_a_thread(_backend_pid)
+    _terminate(first)  # a Postgres restart, a failover, an idle timeout
+    second = _in_a_thread(_backend_pid)  # CONN_HEALTH_CHECKS: no error
+    assert second != first
+
+
+def test_a_connection_past_its_max_age_is_closed_not_shelved(monkeypatch):
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 0)
+    first = _in_a_thread(_backend_pid)
+    assert thread_connections.shelved() == 0
+    wait_for(lambda: not _alive(first), what="the connection to be closed")
+
+
+def test_a_thread_that_lets_go_of_its_connection_early_shelves_it():
+    def work():
+        pid = _backend_pid()
+        thread_connections.release()
+        return pid, thread_connections.shelved()
+
+    pid, shelved = _in_a_thread(work)
+    assert shelved == 1
+    assert _in_a_thread(_backend_pid) == pid
+
+
+@pytest.mark.worker
+def test_a_worker_opens_no_session_per_run(_worker_process):
+    """Ten runs on a warm worker open no Postgres session: the worker's
+    connections outlive its tasks, the checkpoint store's threads take the
+    ones the previous run's threads left. (Before: three or four per run.)"""
+    _, api = tenant_with_client()
+
+    def run(index: int) -> None:
+        thread_id = f"t{index}"
+        api.post(
+            "/api/v1/threads", {"thread_id": thread_id, "agent": "echo"}, format="json"
+        )
+        run_id = api.post(
+            f"/api/v1/threads/{thread_id}/runs",
+            {"input": {"text": "hi"}},
+            format="json",
+        ).json()["run_id"]
+        wait_for(
+            lambda: Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED,
+            what=f"run {index} to succeed",
+        )
+
+    # One pool process, so that the warm-up warms the process that runs the
+    # rest; connections that outlive the test (DATABASE_CONN_MAX_AGE).
+    _worker_process.stop()
+    worker = Worker(name="conns", concurrency=1, env={"DATABASE_CONN_MAX_AGE": "600"})
+    try:
+        for index in range(2):
+            run(index)
+        before = _sessions_opened()
+        for index in range(2, 12):
+            run(index)
+        opened = _sessions_opened() - before
+    finally:
+        worker.stop()
+        _worker_process.__init__(name="main")
+    assert opened == 0, f"{opened} sessions opened by 10 runs"
