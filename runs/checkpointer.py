@@ -92,6 +92,10 @@ _LIST_CHUNK = 100
 # idx, regular writes their position), its channel is empty, and its value is
 # the encrypted list of [idx, channel, serialized value] (kind "writes").
 PACKED_WRITES_IDX = 1 << 30
+# A checkpoint and its metadata are one ciphertext, [checkpoint, metadata], of
+# this kind, in the `checkpoint` column; `metadata` is left empty. Rows written
+# before hold them apart (kinds "checkpoint" and "metadata").
+CHECKPOINT_WITH_METADATA = "checkpoint+metadata"
 
 _CHECKPOINT_FIELDS = (
     "thread_id",
@@ -256,16 +260,18 @@ def _pg_delta_history_statement(latest: bool) -> str:
         "%(thread_id)s AND deleted_at IS NULL), "
         "chain AS ("
         "(SELECT c.checkpoint_id, c.parent_checkpoint_id, c.blob_versions, "
-        "c.checkpoint, 0 AS depth, '{}'::text[] AS found "
+        "c.checkpoint, octet_length(c.metadata) = 0 AS packed, 0 AS depth, "
+        "'{}'::text[] AS found "
         f"FROM {tables.checkpoint} c WHERE c.thread_id = (SELECT id FROM t) "
         f"AND c.checkpoint_ns = %(ns)s {target}"
         "ORDER BY c.checkpoint_id DESC LIMIT 1) "
         "UNION ALL "
         "SELECT c.checkpoint_id, c.parent_checkpoint_id, c.blob_versions, "
-        "c.checkpoint, chain.depth + 1, chain.found || ARRAY(SELECT ch FROM "
+        "c.checkpoint, octet_length(c.metadata) = 0, chain.depth + 1, "
+        "chain.found || ARRAY(SELECT ch FROM "
         "unnest(%(channels)s::text[]) AS ch WHERE c.blob_versions ? ch) "
         "FROM chain CROSS JOIN LATERAL (SELECT checkpoint_id, "
-        "parent_checkpoint_id, blob_versions, checkpoint "
+        "parent_checkpoint_id, blob_versions, checkpoint, metadata "
         f"FROM {tables.checkpoint} WHERE thread_id = (SELECT id FROM t) "
         "AND checkpoint_ns = %(ns)s AND checkpoint_id = chain.parent_checkpoint_id "
         "LIMIT 1) AS c "
@@ -277,7 +283,9 @@ def _pg_delta_history_statement(latest: bool) -> str:
         # parent or version, value
         "SELECT 't', 0, t.thread_id, t.data_key_id, NULL, t.id, NULL, "
         "t.wrapped_data_key FROM t "
-        "UNION ALL SELECT 'c', depth, checkpoint_id, NULL, NULL, NULL, "
+        # A checkpoint's channel: whether its metadata is packed with it.
+        "UNION ALL SELECT 'c', depth, checkpoint_id, "
+        "CASE WHEN packed THEN 'packed' END, NULL, NULL, "
         "parent_checkpoint_id, checkpoint FROM chain "
         "UNION ALL SELECT 'w', chain.depth, chain.checkpoint_id, w.channel, "
         "w.task_id, w.idx, w.task_path, w.value FROM chain CROSS JOIN LATERAL "
@@ -595,13 +603,11 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         ns, checkpoint_id = plan.ns, plan.checkpoint_id
         return _SealedPut(
             checkpoint=cipher.encrypt_value(
-                plan.body, row=("checkpoint", ns, checkpoint_id), serializer=self.serde
-            ),
-            metadata=cipher.encrypt_value(
-                plan.metadata,
-                row=("metadata", ns, checkpoint_id),
+                [plan.body, plan.metadata],
+                row=(CHECKPOINT_WITH_METADATA, ns, checkpoint_id),
                 serializer=self.serde,
             ),
+            metadata=b"",
             blobs=[
                 (
                     channel,
@@ -962,11 +968,11 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         depth_of: dict[str, int] = {}
         seeds: dict[str, Any] = {}
         remaining = set(channels)
-        for _, depth, cid, _, _, _, _, stored in chain:
+        for _, depth, cid, packed, _, _, _, stored in chain:
             if depth == 0:
                 continue
-            body = cipher.decrypt_value(
-                stored, row=("checkpoint", ns, cid), serializer=self.serde
+            body, _ = self._open_checkpoint(
+                cipher, ns, cid, stored, b"" if packed == "packed" else None
             )
             for ch in list(remaining):
                 if ch in body["channel_values"]:
@@ -1052,15 +1058,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         writes: list[tuple],
     ) -> CheckpointTuple:
         cipher = self._cipher(row)
-        metadata = cipher.decrypt_value(
-            row.metadata,
-            row=("metadata", row.ns, row.checkpoint_id),
-            serializer=self.serde,
-        )
-        body = cipher.decrypt_value(
-            row.checkpoint,
-            row=("checkpoint", row.ns, row.checkpoint_id),
-            serializer=self.serde,
+        body, metadata = self._open_checkpoint(
+            cipher, row.ns, row.checkpoint_id, row.checkpoint, row.metadata
         )
         key = (row.thread_pk, row.ns, row.checkpoint_id)
         return self._build_tuple(row, cipher, body, metadata, blobs, {key: writes})
@@ -1159,18 +1158,11 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             cipher = ciphers.get(row.thread_pk)
             if cipher is None:
                 cipher = ciphers[row.thread_pk] = self._cipher(row)
-            metadata = cipher.decrypt_value(
-                row.metadata,
-                row=("metadata", row.ns, row.checkpoint_id),
-                serializer=self.serde,
+            body, metadata = self._open_checkpoint(
+                cipher, row.ns, row.checkpoint_id, row.checkpoint, row.metadata
             )
             if filter and not _contains(metadata, filter):
                 continue
-            body = cipher.decrypt_value(
-                row.checkpoint,
-                row=("checkpoint", row.ns, row.checkpoint_id),
-                serializer=self.serde,
-            )
             loaded.append((row, cipher, body, metadata))
         if not loaded:
             return []
@@ -1232,6 +1224,32 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             self._build_tuple(row, cipher, body, metadata, blobs, writes)
             for row, cipher, body, metadata in loaded
         ]
+
+    def _open_checkpoint(
+        self,
+        cipher: ThreadCipher,
+        ns: str,
+        checkpoint_id: str,
+        checkpoint: bytes | memoryview,
+        metadata: bytes | memoryview | None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A checkpoint row's body and metadata: one ciphertext (`metadata`
+        empty), or two (rows written before they were packed together)."""
+        if metadata is not None and len(metadata) == 0:
+            body, stored_metadata = cipher.decrypt_value(
+                checkpoint,
+                row=(CHECKPOINT_WITH_METADATA, ns, checkpoint_id),
+                serializer=self.serde,
+            )
+            return body, stored_metadata
+        body = cipher.decrypt_value(
+            checkpoint, row=("checkpoint", ns, checkpoint_id), serializer=self.serde
+        )
+        if metadata is None:
+            return body, {}
+        return body, cipher.decrypt_value(
+            metadata, row=("metadata", ns, checkpoint_id), serializer=self.serde
+        )
 
     def _open_writes(
         self,
@@ -1431,7 +1449,15 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             ):
                 row = row_of(values)
                 for name in sealed:
-                    kind = name if model is Checkpoint else row[0]
+                    if model is not Checkpoint:
+                        kind = row[0]
+                    elif not values["metadata"]:
+                        # Packed with its metadata; the empty column stays so.
+                        if name == "metadata":
+                            continue
+                        kind = CHECKPOINT_WITH_METADATA
+                    else:
+                        kind = name
                     values[name] = reseal(values[name], (kind, *row[1:]))
                 batch.append(model(thread_id=target.pk, **values))
                 if len(batch) == _BATCH:
@@ -1553,10 +1579,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             # A subgraph call's namespace has its task id after a ":".
             if ":" not in ns:
                 continue
-            stored = checkpoints.get(checkpoint_ns=ns, checkpoint_id=head).metadata
-            metadata = cipher.decrypt_value(
-                stored, row=("metadata", ns, head), serializer=self.serde
+            stored = checkpoints.values_list("checkpoint", "metadata").get(
+                checkpoint_ns=ns, checkpoint_id=head
             )
+            _, metadata = self._open_checkpoint(cipher, ns, head, *stored)
             root = (metadata.get("parents") or {}).get("")
             if (
                 root

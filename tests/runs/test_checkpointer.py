@@ -383,6 +383,60 @@ def test_writes_stored_one_row_each_still_read():
 
 
 @pytest.mark.django_db
+def test_a_checkpoint_and_its_metadata_are_one_ciphertext():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"text": "hello"}, note="a secret note")
+    row = Checkpoint.objects.get()
+    assert bytes(row.metadata) == b""
+    assert b"secret" not in bytes(row.checkpoint)
+    loaded = saver.get_tuple(stored)
+    assert loaded.metadata["note"] == "a secret note"
+    assert loaded.checkpoint["channel_values"] == {"text": "hello"}
+    assert [t.metadata["note"] for t in saver.list(None, filter={"step": 0})] == [
+        "a secret note"
+    ]
+    # Claiming the metadata is apart (or, below, packed) fails authentication.
+    Checkpoint.objects.update(metadata=row.checkpoint)
+    with pytest.raises(TamperedCiphertext):
+        saver.get_tuple(stored)
+
+
+@pytest.mark.django_db
+def test_checkpoints_with_their_metadata_apart_still_read():
+    """Rows written before a checkpoint and its metadata were one ciphertext."""
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"text": "hello"})
+    thread = Thread.objects.get()
+    cipher = stored_cipher(thread.pk)
+    checkpoint_id = stored["configurable"]["checkpoint_id"]
+    body, metadata = cipher.decrypt_value(
+        Checkpoint.objects.get().checkpoint,
+        row=("checkpoint+metadata", "", checkpoint_id),
+        serializer=saver.serde,
+    )
+    Checkpoint.objects.update(
+        checkpoint=cipher.encrypt_value(
+            body, row=("checkpoint", "", checkpoint_id), serializer=saver.serde
+        ),
+        metadata=cipher.encrypt_value(
+            {**metadata, "note": "old"},
+            row=("metadata", "", checkpoint_id),
+            serializer=saver.serde,
+        ),
+    )
+
+    assert saver.get_tuple(stored).metadata["note"] == "old"
+    assert [t.metadata["note"] for t in saver.list(None, filter={"note": "old"})] == [
+        "old"
+    ]
+    saver.copy_thread("a", "b")
+    assert saver.get_tuple(thread_config("b")).metadata["note"] == "old"
+    Checkpoint.objects.filter(thread=thread).update(metadata=b"")
+    with pytest.raises(TamperedCiphertext):
+        saver.get_tuple(stored)
+
+
+@pytest.mark.django_db
 def test_list_filters_on_encrypted_metadata():
     saver = DjangoSaver(tenant=make_tenant())
     first = put_checkpoint(saver, "a", {}, customer={"tier": "gold", "id": 7})

@@ -14,9 +14,9 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
-from runs.checkpointer import DjangoSaver
-from runs.crypto import TamperedCiphertext
-from runs.models import Checkpoint, Thread
+from runs.checkpointer import PACKED_WRITES_IDX, DjangoSaver
+from runs.crypto import TamperedCiphertext, ThreadCipher
+from runs.models import Checkpoint, PendingWrite, Thread
 from tests.factories import make_tenant
 
 SNAPSHOT_EVERY = 4
@@ -103,6 +103,76 @@ def test_history_matches_langgraphs_walk_at_every_checkpoint():
     assert saver.get_delta_channel_history(
         config=_config("chat"), channels=["log", "turns"]
     ) == _langgraphs_walk(saver, _config("chat"), ["log", "turns"])
+
+
+def _rewrite_as_before(saver, thread: Thread) -> None:
+    """The thread's rows as versions before 2026-11-30 wrote them: a
+    checkpoint and its metadata apart, a task's writes one row each."""
+    cipher = ThreadCipher.for_thread(thread)
+    for row in Checkpoint.objects.filter(thread=thread):
+        ns, cid = row.checkpoint_ns, row.checkpoint_id
+        body, metadata = cipher.decrypt_value(
+            row.checkpoint, row=("checkpoint+metadata", ns, cid), serializer=saver.serde
+        )
+        row.checkpoint = cipher.encrypt_value(
+            body, row=("checkpoint", ns, cid), serializer=saver.serde
+        )
+        row.metadata = cipher.encrypt_value(
+            metadata, row=("metadata", ns, cid), serializer=saver.serde
+        )
+        row.save(update_fields=["checkpoint", "metadata"])
+    for row in PendingWrite.objects.filter(thread=thread, idx__gte=PACKED_WRITES_IDX):
+        ns, cid, task, path = (
+            row.checkpoint_ns,
+            row.checkpoint_id,
+            row.task_id,
+            row.task_path,
+        )
+        items = cipher.decrypt_value(
+            row.value,
+            row=("writes", ns, cid, task, row.idx, path),
+            serializer=saver.serde,
+        )
+        for idx, channel, data in items:
+            PendingWrite.objects.create(
+                thread=thread,
+                checkpoint_ns=ns,
+                checkpoint_id=cid,
+                task_id=task,
+                task_path=path,
+                idx=idx,
+                channel=channel,
+                value=cipher.encrypt_value(
+                    saver.serde.loads(data),
+                    row=("write", ns, cid, task, idx, channel, path),
+                    serializer=saver.serde,
+                ),
+            )
+        row.delete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_written_before_packing_give_the_same_histories():
+    saver = DjangoSaver(tenant=make_tenant())
+    graph = chat_graph(saver)
+    graph.invoke({"log": ["user says hi"]}, _config("chat"))
+    thread = Thread.objects.get(thread_id="chat")
+    assert PendingWrite.objects.filter(idx__gte=PACKED_WRITES_IDX).exists()
+    before = saver.get_delta_channel_history(config=_config("chat"), channels=["log"])
+
+    _rewrite_as_before(saver, thread)
+
+    assert not PendingWrite.objects.filter(idx__gte=PACKED_WRITES_IDX).exists()
+    assert not Checkpoint.objects.filter(metadata=b"").exists()
+    fresh = DjangoSaver(tenant=thread.tenant)
+    assert fresh.get_delta_channel_history(
+        config=_config("chat"), channels=["log"]
+    ) == before
+    assert _assert_same_histories(fresh, "chat") > 5
+    graph = chat_graph(fresh)
+    graph.invoke({"log": ["and again"]}, _config("chat"))
+    assert graph.get_state(_config("chat")).values["turns"] == 10
+    assert _assert_same_histories(fresh, "chat") > 10
 
 
 @pytest.mark.django_db(transaction=True)
