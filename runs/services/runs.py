@@ -74,7 +74,10 @@ def _queue(
     resume_value: Any = None,
     checkpoint_id: str = "",
     options: RunOptions | None = None,
+    thread_fields: list[str] | None = None,
 ) -> Run:
+    """Queue the run; the thread saved once, running, with `thread_fields`
+    the caller changed."""
     options = options or RunOptions()
     run = Run(
         tenant=thread.tenant,
@@ -94,9 +97,12 @@ def _queue(
     if resume_value is not None:
         run.resume = cipher.encrypt_value(resume_value, row=("run-resume", str(run.id)))
     run.save()
+    changed = list(thread_fields or [])
     if thread.status != Thread.Status.RUNNING:
         thread.status = Thread.Status.RUNNING
-        thread.save(update_fields=["status", "updated_at"])
+        changed.append("status")
+    if changed:
+        thread.save(update_fields=[*changed, "updated_at"])
     thread_event(
         thread=thread,
         kind=events.RUN_QUEUED,
@@ -174,18 +180,22 @@ def _pin_version(thread: Thread, version: str | None = None) -> None:
         )
     thread.agent_version = spec.version
     thread.patches = sorted(spec.patches | spec.retired_patches)
-    thread.save(update_fields=["agent_version", "patches", "updated_at"])
+    # Saved with the run it pins (`_queue`, thread_fields).
 
 
-def _make_room(thread: Thread, *, multitask: str, actor: Actor) -> None:
-    """Apply the multitask strategy to the thread's active runs, if any."""
+def _make_room(thread: Thread, *, multitask: str, actor: Actor) -> bool:
+    """Apply the multitask strategy to the thread's active runs, if any;
+    whether there were any. Call it with the thread locked: no run of it
+    starts or ends meanwhile."""
     active = list(
         Run.objects.select_for_update(no_key=True)
         .filter(thread=thread, status__in=Run.ACTIVE)
         .order_by("created_at")
     )
-    if not active or multitask == Run.Multitask.ENQUEUE:
-        return
+    if not active:
+        return False
+    if multitask == Run.Multitask.ENQUEUE:
+        return True
     if multitask == Run.Multitask.REJECT:
         raise StateConflict(
             f"a run of thread {thread.thread_id} is queued or running; wait for it",
@@ -193,6 +203,7 @@ def _make_room(thread: Thread, *, multitask: str, actor: Actor) -> None:
         )
     for run in active:
         _cancel(run=run, thread=thread, actor=actor, action=multitask)
+    return True
 
 
 @transaction.atomic
@@ -219,8 +230,7 @@ def run_start(
     _bind_agent(thread, agent, version)
     if checkpoint_id:
         gates.require_no_open_request(thread, "a run from a checkpoint")
-    active_before = _has_active_run(thread)
-    _make_room(thread, multitask=options.multitask, actor=actor)
+    active_before = _make_room(thread, multitask=options.multitask, actor=actor)
     if thread.status == Thread.Status.INTERRUPTED and not active_before:
         raise StateConflict(
             f"thread {thread.thread_id} is waiting on an interrupt: resume it instead",
@@ -232,6 +242,9 @@ def run_start(
                 "the thread has no checkpoints yet", field="checkpoint_id"
             )
         _pin_version(thread, version)
+        pinned = ["agent_version", "patches"]
+    else:
+        pinned = []
     # VersionSkew when the pinned version is gone, or cannot run the thread.
     patches.ensure_fits(thread, spec_for(thread))
     if checkpoint_id:
@@ -250,6 +263,7 @@ def run_start(
         input_value=input,
         checkpoint_id=checkpoint_id,
         options=options,
+        thread_fields=pinned,
     )
 
 

@@ -1,0 +1,41 @@
+"""What the hot API requests cost in statements: each row read once, the
+thread written once per request."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from runs.models import Thread
+from tests.factories import tenant_with_client
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _statements(queries, verb: str, table: str) -> int:
+    return sum(
+        1
+        for q in queries
+        if q["sql"].startswith(verb) and f'"{table}"' in q["sql"].split("WHERE")[0]
+    )
+
+
+def test_starting_a_run_writes_its_thread_once_and_reads_its_runs_once():
+    _, client = tenant_with_client()
+    created = client.post(
+        "/api/v1/threads", {"thread_id": "t-1", "agent": "refund"}, format="json"
+    )
+    assert created.status_code == 201
+    with CaptureQueriesContext(connection) as captured:
+        started = client.post(
+            "/api/v1/threads/t-1/runs",
+            {"input": {"customer_message": "hi", "order": {"id": "A-1"}}},
+            format="json",
+        )
+    assert started.status_code == 202, started.content
+    queries = captured.captured_queries
+    # Pinned to its version and running, in one UPDATE.
+    assert _statements(queries, "UPDATE", "runs_thread") == 1
+    # The active runs once (locked, for the multitask strategy).
+    assert _statements(queries, "SELECT", "runs_run") == 1
+    thread = Thread.objects.get(thread_id="t-1")
+    assert (thread.agent_version, thread.status) == ("1", Thread.Status.RUNNING)
