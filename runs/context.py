@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from langgraph.runtime import ExecutionInfo, get_runtime
 
@@ -26,6 +27,10 @@ class RunContext:
     retired_patches: frozenset[str] = field(default_factory=frozenset)
     # Thread.step_aliases: steps that a checkpoint migration moved.
     step_aliases: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # The thread's row (with its tenant) as the worker claimed the run: what
+    # runs.tools records under, without reading it again for every call.
+    # Read-only: nodes may run in threads of their own.
+    thread: Any = field(default=None, compare=False, repr=False)
 
 
 class OutsideRun(RuntimeError):

@@ -39,7 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import connections, router, transaction
+from django.db.models import sql
+from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from audit import events
@@ -239,25 +241,24 @@ class Ledger:
         now = timezone.now()
         with transaction.atomic():
             if self.row is None:
-                try:
-                    with transaction.atomic():
-                        self.row = ToolCall.objects.create(
-                            tenant=self.thread.tenant,
-                            thread=self.thread,
-                            idempotency_key=self.key,
-                            tool=self.tool,
-                            status=ToolCall.Status.STARTED,
-                            run_id=self.run_id,
-                            attempt_log=[_attempt_entry(1, now)],
-                            started_at=now,
-                            **fields,
-                        )
-                        self._event(events.TOOL_CALL_STARTED, attempt=1)
-                        return False, None
-                except IntegrityError:
-                    self.row = ToolCall.objects.select_for_update(no_key=True).get(
-                        thread=self.thread, idempotency_key=self.key
-                    )
+                row = ToolCall(
+                    tenant=self.thread.tenant,
+                    thread=self.thread,
+                    idempotency_key=self.key,
+                    tool=self.tool,
+                    status=ToolCall.Status.STARTED,
+                    run_id=self.run_id,
+                    attempt_log=[_attempt_entry(1, now)],
+                    started_at=now,
+                    **fields,
+                )
+                if _insert_new(row):
+                    self.row = row
+                    self._event(events.TOOL_CALL_STARTED, attempt=1)
+                    return False, None
+                self.row = ToolCall.objects.select_for_update(no_key=True).get(
+                    thread=self.thread, idempotency_key=self.key
+                )
                 if self.row.status == ToolCall.Status.SUCCEEDED:
                     return True, self.unseal("tool-result", self.row.result)
             # Started before and never finished (the crash window: a worker
@@ -317,6 +318,31 @@ class Ledger:
             self._event(self.succeeded_kind, attempt=row.attempts)
 
 
+def _insert_new(row: ToolCall) -> bool:
+    """Insert the ledger row unless its key is there already (INSERT ... ON
+    CONFLICT DO NOTHING RETURNING id): False if it is. One statement, where
+    catching the unique violation would cost a savepoint and its release.
+    Like the plain insert, it waits for a concurrent transaction inserting
+    the same key, and then sees its row."""
+    using = router.db_for_write(ToolCall)
+    query = sql.InsertQuery(ToolCall, on_conflict=OnConflict.IGNORE)
+    query.insert_values(
+        [f for f in ToolCall._meta.local_concrete_fields if not f.primary_key],
+        [row],
+    )
+    compiler = query.get_compiler(using=using)
+    compiler.returning_fields = [ToolCall._meta.pk]
+    [(statement, params)] = compiler.as_sql()
+    with connections[using].cursor() as cursor:
+        cursor.execute(statement, params)
+        inserted = cursor.fetchone()
+    if inserted is None:
+        return False
+    row.pk = inserted[0]
+    row._state.adding, row._state.db = False, using
+    return True
+
+
 def _attempt_entry(number: int, at) -> dict[str, Any]:
     return _jsonable({"attempt": number, "outcome": "started", "started": at})
 
@@ -350,7 +376,9 @@ def side_effect(
     """
     context, _ = current_step()
     key = idempotency_key(tool=tool, call_index=call_index)
-    thread = Thread.objects.select_related("tenant").get(pk=context.thread_pk)
+    thread = context.thread or Thread.objects.select_related("tenant").get(
+        pk=context.thread_pk
+    )
     ledger = Ledger(
         thread=thread,
         run_id=context.run_id,
