@@ -23,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
-from django.db.models import Q, Subquery
+from django.db.models import Exists, JSONField, OuterRef, Q, Subquery
 from django.utils import timezone
 from langgraph.types import Command
 
@@ -174,9 +174,35 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
         )
         if thread is None:
             return None
-        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
+        # With the thread locked no run of it changes (every writer locks the
+        # thread first): what the run waits for, and what a resume must find
+        # in the graph, are read with it, in its statement.
+        run = (
+            Run.objects.select_for_update(no_key=True)
+            .annotate(
+                behind=Exists(
+                    Run.objects.filter(thread_id=OuterRef("thread_id"))
+                    .exclude(pk=OuterRef("pk"))
+                    .filter(
+                        Q(status__in=Run.ACTIVE, created_at__lte=OuterRef("created_at"))
+                        | Q(status=Run.Status.RUNNING)
+                    )
+                ),
+                waiting_nodes=Subquery(
+                    Run.objects.filter(
+                        thread_id=OuterRef("thread_id"), status=Run.Status.INTERRUPTED
+                    )
+                    .order_by("-created_at")
+                    .values("next_nodes")[:1],
+                    output_field=JSONField(),
+                ),
+            )
+            .get(pk=run_id)
+        )
+        run.thread = thread  # the locked row, for whatever reads run.thread
         now = timezone.now()
         recovered_from = ""
+        fresh = False
         if run.status == Run.Status.RUNNING:
             if run.lease_owner == owner:
                 # This claim committed, and then the connection was lost
@@ -190,15 +216,8 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
                 return None
             recovered_from = run.lease_owner
         elif run.status == Run.Status.QUEUED:
-            waits = (
-                Run.objects.filter(thread=thread)
-                .exclude(pk=run.pk)
-                .filter(
-                    Q(status__in=Run.ACTIVE, created_at__lte=run.created_at)
-                    | Q(status=Run.Status.RUNNING)
-                )
-            )
-            if waits.exists():
+            fresh = True
+            if run.behind:
                 return None  # runs of a thread execute one at a time, in order
             if (
                 run.kind != Run.Kind.RESUME
@@ -242,6 +261,9 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
                 run=run,
                 data={"worker": recovered_from},
             )
+        # Taken from the queue: no attempt ran before, so none wrote a
+        # checkpoint (see _graph_input).
+        run.first_attempt = fresh
         thread_event(
             thread=thread,
             kind=events.RUN_STARTED,
@@ -252,13 +274,20 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
         return run, thread
 
 
-def _graph_input(run: Run, thread: Thread, cipher: ThreadCipher) -> tuple[Any, dict]:
+def _graph_input(
+    run: Run, thread: Thread, cipher: ThreadCipher, *, untried: bool = False
+) -> tuple[Any, dict]:
     """What to invoke the graph with: the run's input, or nothing to continue.
 
     A run that already wrote a checkpoint (an earlier attempt got that far)
     continues from the thread's latest checkpoint instead of starting over.
+    `untried`: the graph never ran for this run (its first attempt, taken
+    from the queue, before any outage restart): nothing to look for.
     """
-    progressed = Checkpoint.objects.filter(thread=thread, run_id=str(run.id)).exists()
+    progressed = (
+        not untried
+        and Checkpoint.objects.filter(thread=thread, run_id=str(run.id)).exists()
+    )
     config = thread_config(thread, None if progressed else run.checkpoint_id or None)
     config["run_id"] = run.id
     # Copied into every checkpoint's metadata (encrypted): how a later attempt
@@ -282,7 +311,12 @@ def _stream_name(mode: str, namespace: tuple[str, ...]) -> str:
 
 
 def _invoke(
-    run: Run, thread: Thread, publisher: streaming.Publisher, watch: CancelWatch
+    run: Run,
+    thread: Thread,
+    publisher: streaming.Publisher,
+    watch: CancelWatch,
+    *,
+    untried: bool = False,
 ) -> Outcome:
     spec = spec_for(thread, run.agent_version)
     patches.ensure_fits(thread, spec)
@@ -290,12 +324,16 @@ def _invoke(
     if run.kind == Run.Kind.RESUME:
         # The nodes recorded when the thread stopped: a graph that lost one of
         # them would silently resume nothing.
-        ensure_nodes_exist(graph, selectors.waiting_nodes(thread), key=spec.key)
+        waiting = getattr(run, "waiting_nodes", None)  # read when claimed
+        if waiting is None:
+            waiting = selectors.waiting_nodes(thread)
+        ensure_nodes_exist(graph, waiting, key=spec.key)
     cipher = ThreadCipher.for_thread(thread)
-    graph_input, config = _graph_input(run, thread, cipher)
+    graph_input, config = _graph_input(run, thread, cipher, untried=untried)
     context = RunContext(
         tenant_id=thread.tenant_id,
         thread_pk=thread.pk,
+        thread=thread,
         run_id=str(run.id),
         patches=frozenset(thread.patches),
         known_patches=spec.patches,
@@ -345,9 +383,10 @@ def _invoke_through_outages(
     the recovery sweep.
     """
     give_up_at = None
+    untried = getattr(run, "first_attempt", False)
     while True:
         try:
-            return _invoke(run, thread, publisher, CancelWatch(run.id))
+            return _invoke(run, thread, publisher, CancelWatch(run.id), untried=untried)
         except Exception as error:
             if not outages.is_database_outage(error):
                 raise
@@ -355,6 +394,7 @@ def _invoke_through_outages(
             give_up_at = give_up_at or now + settings.GATEHOUSE_OUTAGE_RETRY_SECONDS
             if now > give_up_at:
                 raise
+        untried = False  # it may have written checkpoints before the outage
         logger.warning(
             "run %s: the database went away mid-run; continuing from its last "
             "checkpoint once it is back",
@@ -414,7 +454,22 @@ def _finish(
         )
         if thread is None:
             return  # deleted while running: nothing left to record
-        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
+        # The thread's next queued run read with it (see _claim: with the
+        # thread locked, none is queued meanwhile).
+        run = (
+            Run.objects.select_for_update(no_key=True)
+            .annotate(
+                next_queued=Subquery(
+                    Run.objects.filter(
+                        thread_id=OuterRef("thread_id"), status=Run.Status.QUEUED
+                    )
+                    .order_by("created_at")
+                    .values("id")[:1]
+                )
+            )
+            .get(pk=run_id)
+        )
+        run.thread = thread  # the locked row: receivers read run.thread
         if run.lease_owner != owner or run.status != Run.Status.RUNNING:
             logger.warning(
                 "run %s: finished after losing its lease; not recorded", run_id
@@ -470,7 +525,18 @@ def _finish(
             kind, data = events.RUN_SUCCEEDED, {}
         run.ended_at = timezone.now()
         run.lease_owner, run.lease_until = "", None
-        run.save()
+        run.save(
+            update_fields=[
+                "status",
+                "next_nodes",
+                "error_type",
+                "error",
+                "compensation",
+                "ended_at",
+                "lease_owner",
+                "lease_until",
+            ]
+        )
         thread.save(update_fields=["status", "gated_nodes", "updated_at"])
         thread_event(
             thread=thread,
@@ -479,7 +545,8 @@ def _finish(
             run=run,
             data=data,
         )
-        dispatch.thread_dispatch_next(thread)
+        if run.next_queued is not None:
+            dispatch.run_dispatch(run.next_queued)
         end = _end_event(run, outcome, error)
         transaction.on_commit(lambda: publisher.publish(streaming.END, end))
 
