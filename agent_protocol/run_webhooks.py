@@ -23,7 +23,12 @@ from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest
 from runs.graphs import compile_for, thread_config
 from runs.models import Run, Thread
-from webhooks.services import delivery_queue, endpoint_for, url_check
+from webhooks.services import (
+    delivery_queue,
+    endpoint_for,
+    subscriptions_at,
+    url_check,
+)
 
 RUN_ENDS = {
     events.RUN_SUCCEEDED.name,
@@ -75,6 +80,10 @@ def _message(run: Run, thread: Thread) -> dict:
 @receiver(event_recorded, dispatch_uid="agent_protocol.run_webhooks")
 def queue_run_webhook(sender, *, event, **kwargs) -> None:
     if event.kind not in RUN_ENDS or not event.run_id:
+        return
+    if not subscriptions_at(event):
+        # A run's webhook posts through one of its tenant's subscriptions,
+        # and goes with it (on_delete CASCADE): none, so no webhook to look up.
         return
     hook = (
         RunWebhook.objects.select_related("subscription", "run__thread__tenant")

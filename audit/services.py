@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any
@@ -158,8 +158,51 @@ def record(
         else:
             event.seq, event.occurred_at = _next_seq(tenant.pk, timezone.now())
             event.save(force_insert=True)
+        batch = _announcing()
+        event._announced_with = batch
+        # Every event registers the close: whichever savepoint rolls back,
+        # the commit that announces it ends its batch first.
+        transaction.on_commit(batch.close)
         transaction.on_commit(partial(announce_event, event), robust=True)
     return event
+
+
+class _Batch:
+    """The events one transaction recorded, announced after its commit:
+    receivers look up what they need once for all of them (once_per_commit)."""
+
+    __slots__ = ("closed", "memo")
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.memo: dict[Any, Any] = {}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _announcing() -> _Batch:
+    """The batch of the connection's current transaction. One whose
+    transaction rolled back stays open for the next: none of its events is
+    ever announced, so that transaction's events are alone in it."""
+    batch = getattr(connection, "_gatehouse_audit_batch", None)
+    if batch is None or batch.closed:
+        batch = _Batch()
+        connection._gatehouse_audit_batch = batch
+    return batch
+
+
+def once_per_commit(event: AuditEvent, key: Any, compute: Callable[[], Any]) -> Any:
+    """`compute()`, for a receiver of event_recorded: once for all the events
+    of the transaction that committed `event` (a webhook receiver looks up
+    the tenant's subscriptions once per commit, not once per event). Called
+    again for an event that record() did not announce."""
+    batch = getattr(event, "_announced_with", None)
+    if batch is None:
+        return compute()
+    if key not in batch.memo:
+        batch.memo[key] = compute()
+    return batch.memo[key]
 
 
 @cache

@@ -7,15 +7,15 @@ from django.dispatch import receiver
 
 from audit.signals import event_recorded
 from webhooks import content
-from webhooks.models import EVENTS, WebhookSubscription
-from webhooks.services import delivery_queue, event_body
+from webhooks.models import EVENTS
+from webhooks.services import delivery_queue, event_body, subscriptions_at
 
 
 @receiver(event_recorded, dispatch_uid="webhooks.subscriptions")
 def queue_subscribed_deliveries(sender, *, event, **kwargs) -> None:
     if event.kind not in EVENTS:
         return
-    for subscription in WebhookSubscription.objects.filter(tenant_id=event.tenant_id):
+    for subscription in subscriptions_at(event):
         if event.kind not in subscription.events:
             continue
         with_content = subscription.include_content and content.run_values(event)

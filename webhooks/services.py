@@ -40,7 +40,7 @@ from standardwebhooks.webhooks import Webhook
 
 from audit import events
 from audit.models import AuditEvent
-from audit.services import Actor, record
+from audit.services import Actor, once_per_commit, record
 from runs import crypto
 from runs.crypto import ThreadCipher
 from runs.dispatch import task_send_on_commit
@@ -183,6 +183,17 @@ def endpoint_for(tenant: Tenant, url: str) -> WebhookSubscription | None:
             if subscription.origin == wanted
         ),
         None,
+    )
+
+
+def subscriptions_at(event: AuditEvent) -> list[WebhookSubscription]:
+    """The tenant's subscriptions when `event` is announced: read once for
+    all the events its transaction committed (audit.services.once_per_commit)."""
+    tenant_id = event.tenant_id
+    return once_per_commit(
+        event,
+        ("webhook-subscriptions", tenant_id),
+        lambda: list(WebhookSubscription.objects.filter(tenant_id=tenant_id)),
     )
 
 

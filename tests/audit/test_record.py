@@ -168,3 +168,45 @@ def test_actor_label_reads_after_the_key_is_gone():
     ApiKey.objects.filter(pk=api_key.pk).delete()
     event.refresh_from_db()
     assert event.actor_label == f"key {api_key.prefix} (crm)"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_receivers_look_up_once_per_commit_and_never_across_commits():
+    """once_per_commit: the events one transaction committed share a lookup;
+    a rolled-back transaction or savepoint lends its batch to no other."""
+    from audit.services import once_per_commit
+    from audit.signals import event_recorded
+
+    tenant = make_tenant()
+    lookups: list[int] = []
+    seen: list[tuple[int, int]] = []
+
+    def receiver(sender, *, event, **kwargs):
+        def lookup():
+            lookups.append(event.pk)
+            return len(lookups)
+
+        seen.append((event.pk, once_per_commit(event, ("test", tenant.pk), lookup)))
+
+    def event():
+        return record(
+            tenant=tenant, kind=events.TENANT_CREATED, actor=SYSTEM, data={"slug": "x"}
+        )
+
+    event_recorded.connect(receiver, dispatch_uid="test-once-per-commit")
+    try:
+        with transaction.atomic():
+            first, second = event(), event()
+        with pytest.raises(RuntimeError), transaction.atomic():
+            event()
+            raise RuntimeError("rolled back: never announced")
+        with transaction.atomic():
+            with pytest.raises(RuntimeError), transaction.atomic():
+                event()
+                raise RuntimeError("its savepoint rolled back")
+            third = event()
+        fourth = event()  # a transaction of its own
+    finally:
+        event_recorded.disconnect(dispatch_uid="test-once-per-commit")
+    assert seen == [(first.pk, 1), (second.pk, 1), (third.pk, 2), (fourth.pk, 3)]
+    assert lookups == [first.pk, third.pk, fourth.pk]
