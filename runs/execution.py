@@ -23,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
-from django.db.models import Exists, JSONField, OuterRef, Q, Subquery
+from django.db.models import Exists, JSONField, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 from langgraph.types import Command
 
@@ -51,6 +51,15 @@ from runs.signals import InterruptRejected, run_interrupted
 
 logger = logging.getLogger(__name__)
 SYSTEM = Actor.system("worker")
+
+
+def _one(queryset: QuerySet) -> Any:
+    """The row of a query that matches one at most, or None: unlike first(),
+    with no ORDER BY (the models' default orderings join and sort, and
+    compiling them is a good part of the worker's CPU)."""
+    for row in queryset.order_by()[:1]:
+        return row
+    return None
 
 
 def new_lease_owner() -> str:
@@ -100,10 +109,10 @@ class CancelWatch:
             return
         self.checked_at = now
         try:
-            action = (
-                Run.objects.filter(pk=self.run_id)
-                .values_list("cancel_action", flat=True)
-                .first()
+            action = _one(
+                Run.objects.filter(pk=self.run_id).values_list(
+                    "cancel_action", flat=True
+                )
             )
         except outages.DATABASE_ERRORS as error:
             if not outages.is_database_outage(error):
@@ -163,14 +172,15 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
         # Lock order everywhere: thread, then its runs (FOR NO KEY UPDATE:
         # see approvals.services.lifecycle for why never plain FOR UPDATE).
         # The run's thread is found inside the locking query: one round trip.
-        thread = (
+        thread = _one(
             Thread.objects.select_related("tenant")
             .select_for_update(of=("self",), no_key=True)
             .filter(
-                pk=Subquery(Run.objects.filter(pk=run_id).values("thread_id")[:1]),
+                pk=Subquery(
+                    Run.objects.filter(pk=run_id).order_by().values("thread_id")[:1]
+                ),
                 deleted_at__isnull=True,
             )
-            .first()
         )
         if thread is None:
             return None
@@ -446,11 +456,10 @@ def _finish(
     run_id: str, owner: str, outcome: Outcome, publisher: streaming.Publisher
 ) -> None:
     with transaction.atomic():
-        thread = (
+        thread = _one(
             Thread.objects.select_related("tenant")
             .select_for_update(of=("self",), no_key=True)
             .filter(runs__pk=run_id, deleted_at__isnull=True)
-            .first()
         )
         if thread is None:
             return  # deleted while running: nothing left to record
