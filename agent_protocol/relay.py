@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 
@@ -49,15 +49,28 @@ class Target:
     run_id: str
     thread_pk: int
     actor: Actor
+    # The run as the view read it: with its thread (and the thread's tenant)
+    # loaded, `_open` reads neither again.
+    run: Run | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, run: Run, actor: Actor) -> Target:
-        return cls(run_id=str(run.id), thread_pk=run.thread_id, actor=actor)
+        return cls(run_id=str(run.id), thread_pk=run.thread_id, actor=actor, run=run)
+
+
+def _loaded(run: Run | None) -> bool:
+    return (
+        run is not None
+        and Run.thread.is_cached(run)
+        and Thread.tenant.is_cached(run.thread)
+    )
 
 
 def _open(target: Target, how: str) -> ThreadCipher:
     """The thread's cipher, with the read recorded in the audit trail."""
-    run = Run.objects.select_related("thread__tenant").get(pk=target.run_id)
+    run = target.run
+    if not _loaded(run):
+        run = Run.objects.select_related("thread__tenant").get(pk=target.run_id)
     services.run_output_read(run=run, thread=run.thread, actor=target.actor, how=how)
     return ThreadCipher.for_thread(run.thread)
 

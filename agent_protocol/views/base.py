@@ -43,6 +43,7 @@ class ProtocolView(APIView):
         run = Run.objects.filter(thread=thread, pk=run_id).first()
         if run is None:
             raise exceptions.NotFound(f"Run {run_id} not found.")
+        run.thread = thread  # read just now, with its tenant
         return run
 
 

@@ -39,3 +39,29 @@ def test_starting_a_run_writes_its_thread_once_and_reads_its_runs_once():
     assert _statements(queries, "SELECT", "runs_run") == 1
     thread = Thread.objects.get(thread_id="t-1")
     assert (thread.agent_version, thread.status) == ("1", Thread.Status.RUNNING)
+
+
+def test_following_a_run_reads_it_no_second_time():
+    """The join/wait/stream views read the thread and the run; opening the
+    run's output records the read and reads neither again."""
+    from agent_protocol import relay
+    from agent_protocol.views.base import ProtocolView
+    from audit.services import Actor
+
+    tenant, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t-2", "agent": "refund"}, format="json"
+    )
+    run_id = client.post(
+        "/api/v1/threads/t-2/runs",
+        {"input": {"customer_message": "hi", "order": {"id": "A-2"}}},
+        format="json",
+    ).json()["run_id"]
+    view = ProtocolView()
+    view.request = type("R", (), {"principal": type("P", (), {"tenant": tenant})})()
+    run = view.run(view.thread("t-2"), run_id)
+    with CaptureQueriesContext(connection) as captured:
+        relay._open(relay.Target.of(run, Actor.system("tests")), "join")
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert not [s for s in sql if s.startswith("SELECT")], sql
+    assert len([s for s in sql if 'INSERT INTO "audit_auditevent"' in s]) == 1
