@@ -33,6 +33,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from runs import thread_connections
 from runs.context import current_step, step_key
 from runs.crypto import ThreadCipher
 from runs.models import RecordedValue, Thread
@@ -63,6 +64,7 @@ def forget_run(run_id: str) -> None:
 
 def recorded(kind: str, draw: Callable[[], Any]) -> Any:
     """The value recorded at this position of the step, drawn the first time."""
+    thread_connections.bind()  # a node may run on one of LangGraph's threads
     context, _ = current_step()
     position = _next_position()
     key = step_key("gatehouse-recorded-value", position)

@@ -1,23 +1,26 @@
 """Database connections of short-lived threads, handed on to the next ones.
 
-Django keeps a connection per thread (per context, in fact). LangGraph runs a
-checkpoint store's writes on the threads of an executor it creates for every
-`graph.stream` call and shuts down at its end, each call in a fresh copy of
-the caller's context; the run's lease is renewed on a thread of its own
+Django keeps a connection per thread. LangGraph runs a checkpoint store's
+writes (and nodes that run at once, and Functional API tasks) on the threads
+of an executor it creates for every `graph.stream` call and shuts down at its
+end; the run's lease is renewed on a thread of its own
 (runs.execution.Heartbeat). Left to Django, each of these threads opens a
 Postgres session of its own and closes it (or leaves it to the garbage
 collector) when it ends: a few new sessions for every run.
 
-`bind()` gives the calling thread one connection for its whole life, bound to
-the current context (later calls in other context copies on the same thread
-get the same one), and, when the thread ends, puts it on a shelf of idle
-connections for the process, from which the next thread takes it. What the
+`bind()` gives the calling thread one connection for its whole life and, when
+the thread ends, puts it on a shelf of idle connections for the process, from
+which the next thread takes it. What the
 shelf hands out is checked as Django checks a persistent connection between
 requests (`close_if_unusable_or_obsolete`: past CONN_MAX_AGE it is closed,
 after errors it is tested, and with CONN_HEALTH_CHECKS it is tested before
 its first query); a connection from Django's pool goes back to the pool
 instead, and CONN_MAX_AGE = 0 closes it. A connection is used by one thread
 at a time: the shelf takes it back only once its thread has ended.
+
+A connection that a thread other than the main one opens without `bind()`
+(node code on an executor thread, say) is handed on the same way when the
+thread ends, instead of being left to the garbage collector.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import threading
 import time
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.signals import connection_created
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +63,8 @@ class _Hold:
 
 
 def bind(alias: str = DEFAULT_DB_ALIAS) -> None:
-    """Bind this thread's connection to the current context, taking one off
-    the shelf (or a new one) the first time; nothing if the context has one."""
+    """Give this thread a connection off the shelf (or a new one) that goes
+    back on it when the thread ends; nothing if the thread has one."""
     if any(c.alias == alias for c in connections.all(initialized_only=True)):
         return
     hold = getattr(_held, alias, None)
@@ -75,6 +79,21 @@ def bind(alias: str = DEFAULT_DB_ALIAS) -> None:
     connections[alias] = hold.wrapper
 
 
+def _hold_opened(sender, connection, **kwargs) -> None:
+    """A connection opened by a thread that took none: shelved at its end."""
+    if threading.current_thread() is threading.main_thread():
+        return  # a process's own connection, closed by Django's rules
+    if getattr(_held, connection.alias, None) is not None:
+        return  # this thread's, reconnecting
+    if not any(c is connection for c in connections.all(initialized_only=True)):
+        return  # another thread's, shared with this one
+    connection.inc_thread_sharing()
+    setattr(_held, connection.alias, _Hold(connection))
+
+
+connection_created.connect(_hold_opened, dispatch_uid="runs.thread_connections")
+
+
 def release(alias: str = DEFAULT_DB_ALIAS) -> None:
     """Give this thread's connection back now, for a thread that is about to
     end but may linger (a daemon thread, or one a test keeps)."""
@@ -82,7 +101,7 @@ def release(alias: str = DEFAULT_DB_ALIAS) -> None:
     if hold is None:
         return
     if any(c is hold.wrapper for c in connections.all(initialized_only=True)):
-        del connections[alias]  # this context lets go of it too
+        del connections[alias]  # this thread lets go of it too
     delattr(_held, alias)
     del hold  # the last reference: _Hold.__del__ shelves the connection
 

@@ -47,6 +47,7 @@ from django.utils import timezone
 from audit import events
 from audit.redaction import describe
 from audit.services import Actor, record
+from runs import thread_connections
 from runs.context import current_step, step_key
 from runs.crypto import ThreadCipher
 from runs.models import Thread, ToolCall
@@ -154,12 +155,13 @@ def _call_within(perform: Callable[[str], Any], key: str, timeout: float | None)
     done = threading.Event()
 
     def attempt() -> None:
+        thread_connections.bind()
         try:
             outcome["result"] = context.run(perform, key)
         except BaseException as exc:  # noqa: BLE001  handed to the caller
             outcome["error"] = exc
         finally:
-            connections.close_all()  # this thread's own database connections
+            thread_connections.release()  # this thread's, for the next one
             done.set()
 
     threading.Thread(target=attempt, name=f"side-effect-{key[:8]}", daemon=True).start()
@@ -375,6 +377,7 @@ def side_effect(
     (runs.compensation).
     """
     context, _ = current_step()
+    thread_connections.bind()  # a node may run on one of LangGraph's threads
     key = idempotency_key(tool=tool, call_index=call_index)
     thread = context.thread or Thread.objects.select_related("tenant").get(
         pk=context.thread_pk

@@ -15,6 +15,7 @@ from langgraph.runtime import get_runtime
 from langgraph.types import interrupt
 
 from demo import downstream as demo_services
+from gatehouse import durable
 from runs.actions import GatedAction
 from runs.tools import side_effect
 
@@ -279,3 +280,26 @@ chat_graph.actions = []
 pay_graph.actions = []
 slow_graph.actions = []
 long_graph.actions = []
+
+
+class FanOutState(TypedDict, total=False):
+    drawn: Annotated[list, operator.add]
+
+
+def _draw(label: str):
+    def node(state: FanOutState) -> FanOutState:
+        return {"drawn": [durable.random()]}  # recorded in the database
+
+    node.__name__ = f"draw_{label}"
+    return node
+
+
+def fan_out_graph() -> StateGraph:
+    """Three nodes at once (on LangGraph's executor threads), each recording a
+    replay-safe value: database work off the run's own thread."""
+    graph = StateGraph(FanOutState)
+    for label in "abc":
+        graph.add_node(label, _draw(label))
+        graph.add_edge(START, label)
+        graph.add_edge(label, END)
+    return graph

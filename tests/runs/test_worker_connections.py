@@ -11,7 +11,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections
+from django.test import override_settings
 
 from runs import thread_connections
 from runs.models import Run
@@ -70,6 +72,23 @@ def test_a_thread_takes_the_connection_a_finished_thread_left():
     assert _in_a_thread(_backend_pid) == first
     assert thread_connections.shelved() == 1
     assert first != _backend_pid()  # never this thread's own connection
+
+
+def test_a_connection_a_thread_opened_by_itself_is_handed_on_too():
+    """Node code on an executor thread may query without bind(): its
+    connection is shelved when the thread ends, not left to the collector."""
+
+    def unbound():
+        pid = _backend_pid()
+        assert thread_connections.shelved() == 0
+        return pid
+
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(pid=unbound()))
+    thread.start()
+    thread.join()
+    assert thread_connections.shelved() == 1
+    assert _in_a_thread(_backend_pid) == result["pid"]
 
 
 def test_threads_alive_at_once_have_connections_of_their_own():
@@ -145,39 +164,53 @@ def test_a_thread_that_lets_go_of_its_connection_early_shelves_it():
     assert _in_a_thread(_backend_pid) == pid
 
 
+FAN_OUT = "fanout@1=tests.agents:fan_out_graph"
+
+
 @pytest.mark.worker
 def test_a_worker_opens_no_session_per_run(_worker_process):
-    """Ten runs on a warm worker open no Postgres session: the worker's
-    connections outlive its tasks, the checkpoint store's threads take the
-    ones the previous run's threads left. (Before: three or four per run.)"""
+    """Runs on a warm worker open no Postgres session: the worker's
+    connections outlive its tasks, the threads of LangGraph's executor (the
+    checkpoint store's writes, nodes that run at once and record values) take
+    the ones the previous run's threads left. (Before: three or four per run
+    of one node, three more for three nodes at once.)"""
     _, api = tenant_with_client()
+    agents = f"{settings.GATEHOUSE_AGENTS},{FAN_OUT}"
 
-    def run(index: int) -> None:
-        thread_id = f"t{index}"
+    def run(agent: str, index: int) -> None:
+        thread_id = f"{agent}-{index}"
         api.post(
-            "/api/v1/threads", {"thread_id": thread_id, "agent": "echo"}, format="json"
+            "/api/v1/threads", {"thread_id": thread_id, "agent": agent}, format="json"
         )
         run_id = api.post(
             f"/api/v1/threads/{thread_id}/runs",
-            {"input": {"text": "hi"}},
+            {"input": {"text": "hi"} if agent == "echo" else {}},
             format="json",
         ).json()["run_id"]
         wait_for(
-            lambda: Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED,
-            what=f"run {index} to succeed",
+            lambda: Run.objects.get(pk=run_id).status not in Run.ACTIVE,
+            what=f"run {thread_id} to end",
         )
+        assert Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED
 
     # One pool process, so that the warm-up warms the process that runs the
     # rest; connections that outlive the test (DATABASE_CONN_MAX_AGE).
     _worker_process.stop()
-    worker = Worker(name="conns", concurrency=1, env={"DATABASE_CONN_MAX_AGE": "600"})
+    worker = Worker(
+        name="conns",
+        concurrency=1,
+        env={"DATABASE_CONN_MAX_AGE": "600", "GATEHOUSE_AGENTS": agents},
+    )
     try:
-        for index in range(2):
-            run(index)
-        before = _sessions_opened()
-        for index in range(2, 12):
-            run(index)
-        opened = _sessions_opened() - before
+        with override_settings(GATEHOUSE_AGENTS=agents):
+            for index in range(2):
+                run("echo", index)
+                run("fanout", index)
+            before = _sessions_opened()
+            for index in range(2, 7):
+                run("echo", index)
+                run("fanout", index)
+            opened = _sessions_opened() - before
     finally:
         worker.stop()
         _worker_process.__init__(name="main")
