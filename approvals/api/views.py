@@ -127,20 +127,27 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
         "Idempotency-Key.",
     )
     def post(self, request, approval_id):
-        approval = generics.get_object_or_404(_tenant_requests(request), pk=approval_id)
-        body = DecideSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        # A person decides as themselves; a service key as the key, whatever
-        # name it sends (kept as its unverified label).
-        reviewer = Reviewer.for_principal(
-            request.principal, claimed_label=body.validated_data["reviewer"]
-        )
-        # One transaction: the decision, and the read of the answer that
-        # shows the payload and the decisions (a read like the detail's,
-        # besides the decision itself), recorded with it.
+        # One transaction: the request found and locked in one read, the
+        # decision, and the read of the answer that shows the payload and the
+        # decisions (a read like the detail's, besides the decision itself),
+        # recorded with it.
         with transaction.atomic():
+            approval = generics.get_object_or_404(
+                _tenant_requests(request)
+                .select_related("tenant")
+                .select_for_update(of=("self",), no_key=True),
+                pk=approval_id,
+            )
+            body = DecideSerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            # A person decides as themselves; a service key as the key,
+            # whatever name it sends (kept as its unverified label).
+            reviewer = Reviewer.for_principal(
+                request.principal, claimed_label=body.validated_data["reviewer"]
+            )
             approval, run = approval_decide(
                 approval=approval,
+                already_locked=True,
                 reviewer=reviewer,
                 approved=body.validated_data["approved"],
                 note=body.validated_data["note"],

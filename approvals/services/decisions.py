@@ -88,6 +88,7 @@ def approval_decide(
     args: dict[str, Any] | None = None,
     plan: dict[str, Any] | None = None,
     seen_args: dict[str, Any] | None = None,
+    already_locked: bool = False,
 ) -> tuple[ApprovalRequest, Run | None]:
     """Record one decision; the one that settles the request resumes the run.
 
@@ -105,7 +106,9 @@ def approval_decide(
     In the caller's transaction if there is one, with no savepoint of its
     own: a caller that goes on after a refusal puts one around it. The
     request returned has `decisions_now`: its decisions, this one last, as
-    `approvals.selectors.approval_view` shows them.
+    `approvals.selectors.approval_view` shows them. `already_locked`: the caller
+    read `approval` locked (FOR NO KEY UPDATE OF its row) in this
+    transaction, with its tenant.
     """
     note = (note or "").strip()
     if not approved and not note:
@@ -114,7 +117,7 @@ def approval_decide(
         raise InvalidRequest("edited args go with an approval only", field="args")
     if plan is not None and not approved:
         raise InvalidRequest("a changed plan goes with an approval only", field="plan")
-    request = locked_pending(approval)
+    request = locked_pending(approval, already_locked=already_locked)
     cipher = ThreadCipher.for_thread(request.thread)
     original = payload_of(request, cipher)["args"]
     earlier = list(request.decisions.all())

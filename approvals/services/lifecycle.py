@@ -85,16 +85,21 @@ def approval_payloads_read(*, approvals: list[ApprovalRequest], actor: Actor) ->
         )
 
 
-def locked_pending(approval: ApprovalRequest) -> ApprovalRequest:
+def locked_pending(
+    approval: ApprovalRequest, *, already_locked: bool = False
+) -> ApprovalRequest:
     """The request locked, then its thread locked (the lock order above);
     StateConflict `already_decided` unless it is still pending. Call it in a
     transaction: of concurrent callers one goes ahead, the others wait and
-    then see what the first one did."""
-    locked = (
-        ApprovalRequest.objects.select_related("tenant")
-        .select_for_update(of=("self",), no_key=True)
-        .get(pk=approval.pk)
-    )
+    then see what the first one did. `already_locked`: `approval` was read locked in
+    this transaction already (with its tenant), and is not read again."""
+    if not already_locked:
+        approval = (
+            ApprovalRequest.objects.select_related("tenant")
+            .select_for_update(of=("self",), no_key=True)
+            .get(pk=approval.pk)
+        )
+    locked = approval
     if not locked.is_pending:
         raise StateConflict(
             f"this request is already {locked.status}", code="already_decided"

@@ -40,7 +40,12 @@ def test_a_decision_is_one_transaction_that_reads_each_row_once():
     sql = [q["sql"] for q in captured.captured_queries]
     assert [s for s in sql if s in ("BEGIN", "COMMIT")] == ["BEGIN", "COMMIT"]
     assert not [s for s in sql if s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
-    # The thread once (locked), the decisions once (before the new one).
+    # The request found and locked in one read, in the transaction; the
+    # thread once (locked), the decisions once (before the new one).
+    begin = sql.index("BEGIN")
+    assert not [s for s in sql[:begin] if '"approvals_approvalrequest"' in s]
+    first = sql[begin + 1]
+    assert '"approvals_approvalrequest"' in first and "FOR NO KEY UPDATE" in first
     assert _reads(captured.captured_queries, "runs_thread") == 1
     assert _reads(captured.captured_queries, "approvals_decision") == 1
     # The read of the answer is recorded in the decision's transaction.
