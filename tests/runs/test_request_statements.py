@@ -8,7 +8,9 @@ from django.test.utils import CaptureQueriesContext
 from runs.models import Thread
 from tests.factories import tenant_with_client
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Inside the test's transaction: nothing commits, so no run is sent to a
+# worker (a live one left by another module would take it).
+pytestmark = pytest.mark.django_db
 
 
 def _statements(queries, verb: str, table: str) -> int:
