@@ -46,9 +46,10 @@ DB_NAME = "gatehouse_bench_stream"
 PG = "postgres://postgres@127.0.0.1:5432"
 AGENT = "ask"
 TITLE = "Agent Protocol: waiting and streaming"
-NOTE = """Reading these figures: the load average says how far from idle the
-machine was (2 cores; every other helper's test suite ran at the same time),
-and a figure here is mostly the time spent waiting for a core. What a resume
+NOTE = """Reading these figures: the load average at the start says how far from
+idle the machine was (2 cores); the one at the end includes the benchmark's own
+concurrency phase, which keeps both cores busy. Under load a figure here is
+mostly the time spent waiting for a core. What a resume
 costs, in order: the web process's request (the thread's row lock, the run
 row, a `run.queued` audit event, one commit), the Celery hand-off through
 Redis, the worker's claim (locks, lease, `run.started`, one commit), the step
@@ -325,8 +326,8 @@ def section(results: dict, args) -> str:
         f"- Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, langgraph {version('langgraph')}, "
         f"langgraph-sdk {version('langgraph-sdk')}; PostgreSQL and Redis on the "
-        f"same machine; load average at the end {load()} (the machine is shared: "
-        "other work ran meanwhile).",
+        f"same machine; load average {results['load_start']} at the start, "
+        f"{load()} at the end (the benchmark's own processes included).",
         f"- Platform: gunicorn with {args.web_workers} uvicorn workers, "
         f"{args.run_workers} Celery worker processes (prefork, concurrency 1), "
         "stream events in Redis.",
@@ -377,6 +378,7 @@ def main() -> None:
         "--no-write", action="store_true", help="print, leave docs/benchmarks.md"
     )
     args = parser.parse_args()
+    load_start = load()  # before the platform starts: how idle the machine was
     configure(args.redis_db)
     recreate_database()
     import redis
@@ -386,6 +388,7 @@ def main() -> None:
     url, processes = start_platform(args.web_workers, args.run_workers)
     try:
         results = measure(url, key, args.samples, args.flows, args.concurrency)
+        results["load_start"] = load_start
     finally:
         stop(processes)
     body = section(results, args)

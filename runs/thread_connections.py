@@ -83,6 +83,11 @@ def _hold_opened(sender, connection, **kwargs) -> None:
     """A connection opened by a thread that took none: shelved at its end."""
     if threading.current_thread() is threading.main_thread():
         return  # a process's own connection, closed by Django's rules
+    if connection.settings_dict.get("OPTIONS", {}).get("pool"):
+        # A pooling process (the web tier): Django returns the connection to
+        # its pool at the end of each request, and keeps checking that no
+        # other thread uses it.
+        return
     if getattr(_held, connection.alias, None) is not None:
         return  # this thread's, reconnecting
     if not any(c is connection for c in connections.all(initialized_only=True)):
