@@ -199,11 +199,7 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
                     )
                 ),
                 waiting_nodes=Subquery(
-                    Run.objects.filter(
-                        thread_id=OuterRef("thread_id"), status=Run.Status.INTERRUPTED
-                    )
-                    .order_by("-created_at")
-                    .values("next_nodes")[:1],
+                    selectors.waiting_nodes_query(OuterRef("thread_id")),
                     output_field=JSONField(),
                 ),
             )

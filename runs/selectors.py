@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Min
+from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 from langgraph.types import Interrupt
 
@@ -176,14 +176,20 @@ def version_skew(*, tenant: Tenant | None = None, sample: int = 5) -> list[Versi
     return sorted(rows.values(), key=lambda row: (row.agent, row.version, row.problem))
 
 
+def waiting_nodes_query(thread_id) -> QuerySet:
+    """The next nodes of the thread's last interrupted run, as a query of one
+    value at most: `thread_id` a thread's pk, or an OuterRef when the worker's
+    claim reads it inside its locking statement."""
+    return (
+        Run.objects.filter(thread_id=thread_id, status=Run.Status.INTERRUPTED)
+        .order_by("-created_at")
+        .values_list("next_nodes", flat=True)[:1]
+    )
+
+
 def waiting_nodes(thread: Thread) -> list[str]:
     """The graph nodes the thread's last interrupted run stopped before."""
-    last = (
-        Run.objects.filter(thread=thread, status=Run.Status.INTERRUPTED)
-        .order_by("-created_at")
-        .values_list("next_nodes", flat=True)
-        .first()
-    )
+    last = next(iter(waiting_nodes_query(thread.pk)), None)
     return list(last or [])
 
 
