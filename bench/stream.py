@@ -18,7 +18,8 @@ then complete flows (create a thread, `runs.wait` to the interrupt,
 
     python bench/stream.py [--samples 90] [--flows 200] [--concurrency 20]
 
-Uses its own database (gatehouse_bench_stream, recreated) and Redis database
+Uses its own database (gatehouse_bench_stream, recreated; another name with
+GATEHOUSE_BENCH_STREAM_DB) and Redis database
 `--redis-db` (12, flushed). Writes its section of docs/benchmarks.md (`--no-write`).
 """
 
@@ -42,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-DB_NAME = "gatehouse_bench_stream"
+# Several people may benchmark on one machine: each names their own database.
+DB_NAME = os.environ.get("GATEHOUSE_BENCH_STREAM_DB", "gatehouse_bench_stream")
 PG = "postgres://postgres@127.0.0.1:5432"
 AGENT = "ask"
 TITLE = "Agent Protocol: waiting and streaming"
