@@ -118,6 +118,7 @@ def load_backlog(threads: int) -> int:
     from django.utils import timezone
 
     from runs.models import ChannelBlob, Checkpoint, PendingWrite, Tenant, Thread
+    from runs.models.checkpoints import compact_id
 
     rng = random.Random(7)
     pool = [_hex(bytes([1]) + rng.randbytes(n)) for n in (180, 220, 260) * 8]
@@ -148,11 +149,15 @@ def load_backlog(threads: int) -> int:
     ids = [f"1f0{step:05}" for step in steps]
     versions = [f"{step + 1:032}.0" for step in steps]
 
+    def stored_id(text: str) -> str:
+        return _hex(compact_id(text))
+
     def checkpoint_rows(pk: int):
         for step in steps:
-            parent = f"{ids[step - 1]}-{pk:08}" if step else ""
+            parent = stored_id(f"{ids[step - 1]}-{pk:08}" if step else "")
             yield (
-                f"{pk}\t\t{ids[step]}-{pk:08}\t{parent}\t{step}\tloop\t\t"
+                f"{pk}\t\t{stored_id(f'{ids[step]}-{pk:08}')}\t{parent}\t{step}\t"
+                "loop\t\t"
                 f'{{"messages": "{versions[step]}"}}\t{pool[step % 24]}\t'
                 f"{metas[step % 24]}\t{stamp}\n"
             )
@@ -165,7 +170,8 @@ def load_backlog(threads: int) -> int:
         for step in steps:
             for idx, channel in enumerate(("messages", "tokens")):
                 yield (
-                    f"{pk}\t\t{ids[step]}-{pk:08}\ttask-{step}\t{idx}\t{channel}"
+                    f"{pk}\t\t{stored_id(f'{ids[step]}-{pk:08}')}\t"
+                    f"{stored_id(f'task-{step}')}\t{idx}\t{channel}"
                     f"\t\t{writes[(step + idx) % 24]}\n"
                 )
 

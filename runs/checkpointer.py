@@ -56,7 +56,7 @@ from typing import Any
 import psycopg
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
-from django.db.models import Max, Q, Subquery
+from django.db.models import Q, Subquery
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -76,6 +76,7 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from runs import crypto, outages, storage, thread_connections
 from runs.crypto import ThreadCipher, ThreadDeleted
 from runs.models import ChannelBlob, Checkpoint, PendingWrite, Tenant, Thread
+from runs.models.checkpoints import compact_id, id_text
 from runs.serde import StrictSerializer
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
@@ -119,7 +120,8 @@ _ROW_COLUMNS = (
 
 @dataclass(frozen=True)
 class _Row:
-    """A checkpoint row as `_CHECKPOINT_FIELDS` selects it."""
+    """A checkpoint row as `_CHECKPOINT_FIELDS` selects it (`from_sql`: as
+    `_ROW_COLUMNS` does, its ids still stored bytes)."""
 
     thread_pk: int
     thread_id: str
@@ -131,6 +133,20 @@ class _Row:
     blob_versions: dict[str, str] | str
     checkpoint: bytes | memoryview
     metadata: bytes | memoryview
+
+    @classmethod
+    def from_sql(cls, values: Sequence[Any]) -> _Row:
+        pk, thread_id, wrapped, key_id, ns, checkpoint_id, parent, *rest = values
+        return cls(
+            pk,
+            thread_id,
+            wrapped,
+            key_id,
+            ns,
+            id_text(checkpoint_id),
+            id_text(parent),
+            *rest,
+        )
 
 
 @dataclass(frozen=True)
@@ -183,7 +199,7 @@ def _put_statement(blob_count: int) -> str:
         f"saved AS (INSERT INTO {Checkpoint._meta.db_table} (thread_id, "
         "checkpoint_ns, checkpoint_id, parent_checkpoint_id, step, source, run_id, "
         "blob_versions, checkpoint, metadata, created_at) "
-        "SELECT t.id, %s::text, %s::text, %s::text, %s::integer, %s::text, "
+        "SELECT t.id, %s::text, %s::bytea, %s::bytea, %s::integer, %s::text, "
         "%s::text, %s::jsonb, %s::bytea, %s::bytea, %s::timestamptz FROM t "
         "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
         "checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, "
@@ -206,7 +222,7 @@ def _put_writes_statement(write_count: int, upsert: bool) -> str:
         _ALIVE_THREAD.format(thread=Thread._meta.db_table)
         + f", saved AS (INSERT INTO {PendingWrite._meta.db_table} (thread_id, "
         "checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value) "
-        "SELECT t.id, %s::text, %s::text, %s::text, %s::text, v.idx, v.channel, "
+        "SELECT t.id, %s::text, %s::bytea, %s::bytea, %s::text, v.idx, v.channel, "
         f"v.value FROM t, (VALUES {rows}) AS v(idx, channel, value) "
         "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) "
         f"{on_conflict}) SELECT count(*) FROM t"
@@ -227,7 +243,7 @@ def _pg_get_tuple_statement(where: str) -> str:
         f"CROSS JOIN LATERAL (SELECT * FROM {tables.blob} WHERE thread_id = "
         "c.thread_id AND checkpoint_ns = c.checkpoint_ns AND channel = used.key "
         "AND version = used.value LIMIT 1) AS b), "
-        "(SELECT array_agg(ARRAY[convert_to(w.task_id, 'UTF8'), "
+        "(SELECT array_agg(ARRAY[w.task_id, "
         "convert_to(w.idx::text, 'UTF8'), convert_to(w.channel, 'UTF8'), "
         "convert_to(w.task_path, 'UTF8'), w.value]) "
         f"FROM {tables.write} w WHERE w.thread_id = c.thread_id "
@@ -280,25 +296,46 @@ def _pg_delta_history_statement(latest: bool) -> str:
         "FROM chain, unnest(%(channels)s::text[]) AS ch WHERE chain.depth > 0 "
         "AND chain.blob_versions ? ch ORDER BY ch, chain.depth) "
         # kind, depth, checkpoint id, channel, task id, idx, task path or
-        # parent or version, value
-        "SELECT 't', 0, t.thread_id, t.data_key_id, NULL, t.id, NULL, "
-        "t.wrapped_data_key FROM t "
+        # parent or version, value; the text of the third and seventh columns
+        # as bytes, like the ids there (`_delta_row` reads them).
+        "SELECT 't', 0, convert_to(t.thread_id, 'UTF8'), t.data_key_id, "
+        "NULL::bytea, t.id, NULL::bytea, t.wrapped_data_key FROM t "
         # A checkpoint's channel: whether its metadata is packed with it.
         "UNION ALL SELECT 'c', depth, checkpoint_id, "
         "CASE WHEN packed THEN 'packed' END, NULL, NULL, "
         "parent_checkpoint_id, checkpoint FROM chain "
         "UNION ALL SELECT 'w', chain.depth, chain.checkpoint_id, w.channel, "
-        "w.task_id, w.idx, w.task_path, w.value FROM chain CROSS JOIN LATERAL "
+        "w.task_id, w.idx, convert_to(w.task_path, 'UTF8'), w.value "
+        "FROM chain CROSS JOIN LATERAL "
         "(SELECT channel, task_id, idx, task_path, value "
         f"FROM {tables.write} WHERE thread_id = (SELECT id FROM t) "
         "AND checkpoint_ns = %(ns)s AND checkpoint_id = chain.checkpoint_id "
         "AND (channel = ANY(%(channels)s::text[]) "
         f"OR idx >= {PACKED_WRITES_IDX}) OFFSET 0) AS w "
         "WHERE chain.depth > 0 "
-        "UNION ALL SELECT 'b', 0, NULL, seeds.ch, NULL, NULL, seeds.version, b.value "
+        "UNION ALL SELECT 'b', 0, NULL, seeds.ch, NULL, NULL, "
+        "convert_to(seeds.version, 'UTF8'), b.value "
         "FROM seeds CROSS JOIN LATERAL (SELECT value FROM "
         f"{tables.blob} WHERE thread_id = (SELECT id FROM t) AND checkpoint_ns = "
         "%(ns)s AND channel = seeds.ch AND version = seeds.version LIMIT 1) AS b"
+    )
+
+
+def _delta_row(row: Sequence[Any]) -> tuple:
+    """A row of `_pg_delta_history_statement` with its ids and text decoded."""
+    kind, depth, checkpoint_id, channel, task_id, idx, text, value = row
+    if kind == "t":
+        return (kind, depth, checkpoint_id.decode(), channel, task_id, idx, text, value)
+    return (
+        kind,
+        depth,
+        None if checkpoint_id is None else id_text(checkpoint_id),
+        channel,
+        None if task_id is None else id_text(task_id),
+        idx,
+        # A checkpoint's parent (an id); a write's task path, a blob's version.
+        id_text(text) if kind == "c" else text.decode(),
+        value,
     )
 
 
@@ -679,8 +716,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             params += (channel, version, value)
         params += (
             plan.ns,
-            plan.checkpoint_id,
-            plan.parent_checkpoint_id,
+            compact_id(plan.checkpoint_id),
+            compact_id(plan.parent_checkpoint_id),
             plan.step,
             plan.source,
             plan.run_id,
@@ -800,7 +837,13 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         known = self._written_threads.get(thread_id)
         if known is not None and self._on_postgres:
             thread_pk, cipher = known
-            params: list[Any] = [thread_pk, ns, checkpoint_id, task_id, task_path]
+            params: list[Any] = [
+                thread_pk,
+                ns,
+                compact_id(checkpoint_id),
+                compact_id(task_id),
+                task_path,
+            ]
             sealed = seal(cipher)
             for row in sealed:
                 params += row
@@ -864,19 +907,19 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         )
         if checkpoint_id := get_checkpoint_id(config):
             where += " AND c.checkpoint_id = %s"
-            params += (checkpoint_id,)
+            params += (compact_id(checkpoint_id),)
         if self._on_postgres:
             rows = self._query([(_pg_get_tuple_statement(where), params)])[0]
             if not rows:
                 return None
             *checkpoint_row, stored_blobs, stored_writes = rows[0]
-            row = _Row(*checkpoint_row)
+            row = _Row.from_sql(checkpoint_row)
             blobs = {
                 (row.thread_pk, row.ns, channel.decode(), version.decode()): value
                 for channel, version, value in stored_blobs or ()
             }
             writes = [
-                (task_id.decode(), int(idx), channel.decode(), path.decode(), value)
+                (id_text(task_id), int(idx), channel.decode(), path.decode(), value)
                 for task_id, idx, channel, path, value in stored_writes or ()
             ]
             return self._decrypt_tuple(row, blobs, writes)
@@ -909,9 +952,12 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             "checkpoint_id": checkpoint_id,
             "channels": channels,
         }
-        (rows,) = self._query(
+        if checkpoint_id:
+            params["checkpoint_id"] = compact_id(checkpoint_id)
+        (stored_rows,) = self._query(
             [(_pg_delta_history_statement(not checkpoint_id), params)]
         )
+        rows = [_delta_row(row) for row in stored_rows]
         thread = next((r for r in rows if r[0] == "t"), None)
         if thread is None:
             return {ch: {"writes": []} for ch in channels}
@@ -1025,7 +1071,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         found, writes = self._query([(checkpoint_sql, params), (writes_sql, params)])
         if not found:
             return None
-        row = _Row(*found[0])
+        row = _Row.from_sql(found[0])
         stored = []
         if versions := self._blob_versions(row):
             pairs = " OR ".join(["(channel = %s AND version = %s)"] * len(versions))
@@ -1045,7 +1091,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             (row.thread_pk, row.ns, channel, version): value
             for channel, version, value in stored
         }
-        return self._decrypt_tuple(row, blobs, [tuple(w) for w in writes])
+        return self._decrypt_tuple(
+            row, blobs, [(id_text(task_id), *rest) for task_id, *rest in writes]
+        )
 
     def _blob_versions(self, row: _Row) -> dict[str, str]:
         stored = row.blob_versions
@@ -1568,11 +1616,17 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             # Shredded: its rows are about to go with it, and cannot be read.
             return
         checkpoints = Checkpoint.objects.using(self.using).filter(thread=thread)
-        heads = dict(
-            checkpoints.values("checkpoint_ns")
-            .annotate(head=Max("checkpoint_id"))
-            .values_list("checkpoint_ns", "head")
-        )
+        # Each namespace's latest, one index step each (Postgres has no max()
+        # of the bytes the ids are stored as).
+        heads = {
+            ns: checkpoints.filter(checkpoint_ns=ns)
+            .order_by("-checkpoint_id")
+            .values_list("checkpoint_id", flat=True)
+            .first()
+            for ns in checkpoints.order_by()
+            .values_list("checkpoint_ns", flat=True)
+            .distinct()
+        }
         cipher = ThreadCipher.for_thread(thread)
         calls = []
         for ns, head in heads.items():

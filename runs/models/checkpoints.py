@@ -4,13 +4,79 @@ Plaintext columns hold structure only (ids, namespaces, channel names,
 versions, steps); every value is ciphertext from `runs.crypto.ThreadCipher`,
 bound to its row. The thread foreign keys carry no index of their own: each
 table's unique index starts with the thread.
+
+Checkpoint and task ids are `CompactIdField`s: LangGraph's ids are UUIDs, kept
+in their 16 bytes instead of 36 characters (in the rows and in the unique
+indexes that lead with them).
 """
+
+import re
+import uuid
 
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
 from runs.models.threads import Thread
+
+_CANONICAL_UUID = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
+)
+
+
+def compact_id(value: str) -> bytes:
+    """An id as stored: a UUID in its canonical form (lowercase, hyphenated) as
+    its 16 bytes; any other id as UTF-8 ending in one NUL (two where one would
+    make 16 bytes, the length that means a UUID); "" as no bytes.
+
+    Bytewise order is the text's order among UUIDs (hex digits in place) and
+    among other ids (the NUL sorts first), which is what "latest checkpoint"
+    and `list(before=...)` rely on; LangGraph's checkpoint ids are UUIDs.
+    """
+    if not value:
+        return b""
+    if len(value) == 36 and _CANONICAL_UUID.match(value):
+        return uuid.UUID(value).bytes
+    if "\0" in value:
+        raise ValueError(f"an id may not contain NUL: {value!r}")
+    raw = value.encode()
+    return raw + (b"\0\0" if len(raw) == 15 else b"\0")
+
+
+def id_text(stored: bytes | memoryview) -> str:
+    """The id `compact_id` stored."""
+    stored = bytes(stored)
+    if len(stored) == 16:
+        return str(uuid.UUID(bytes=stored))
+    return stored.rstrip(b"\0").decode()
+
+
+class CompactIdField(models.Field):
+    """A text id (str in Python) stored as `compact_id` bytes: a binary
+    column, but not a BinaryField, which holds content (ciphertext)."""
+
+    description = "An id stored as compact bytes"
+
+    def get_internal_type(self) -> str:
+        return "BinaryField"
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        if isinstance(value, str):
+            return compact_id(value)
+        return value
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        value = super().get_db_prep_value(value, connection, prepared)
+        return None if value is None else connection.Database.Binary(value)
+
+    def from_db_value(self, value, expression, connection):
+        return None if value is None else id_text(value)
+
+    def to_python(self, value):
+        if isinstance(value, (bytes, memoryview)):
+            return id_text(value)
+        return value
 
 
 class Checkpoint(models.Model):
@@ -27,8 +93,8 @@ class Checkpoint(models.Model):
         Thread, on_delete=models.CASCADE, related_name="checkpoints", db_index=False
     )
     checkpoint_ns = models.TextField(blank=True, default="")
-    checkpoint_id = models.CharField(max_length=64)
-    parent_checkpoint_id = models.CharField(max_length=64, blank=True, default="")
+    checkpoint_id = CompactIdField()
+    parent_checkpoint_id = CompactIdField(blank=True, default="")
     step = models.IntegerField(null=True, blank=True)
     source = models.CharField(max_length=16, blank=True)
     run_id = models.CharField(max_length=64, blank=True)
@@ -95,8 +161,8 @@ class PendingWrite(models.Model):
         Thread, on_delete=models.CASCADE, related_name="+", db_index=False
     )
     checkpoint_ns = models.TextField(blank=True, default="")
-    checkpoint_id = models.CharField(max_length=64)
-    task_id = models.CharField(max_length=255)
+    checkpoint_id = CompactIdField()
+    task_id = CompactIdField()
     idx = models.IntegerField()
     channel = models.CharField(max_length=255)
     task_path = models.TextField(blank=True, default="")
