@@ -422,6 +422,22 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone._delta_threads = set()
         return clone
 
+    def adopt(self, thread: Thread, cipher: ThreadCipher) -> None:
+        """Write to `thread` as if this saver had written to it already.
+
+        For the worker that claimed a run: it read the thread alive, with its
+        data key, under the thread's lock a moment before, so the first write
+        need not look it up again in a transaction of its own. Every write
+        still checks the thread alive in its statement (the late-write rule);
+        one that finds it gone takes the transactional path, which refuses it
+        (ThreadDeleted), as it refuses a thread deleted after any first write.
+        """
+        if thread.tenant_id != self.tenant.pk:
+            raise ValueError("the thread belongs to another tenant")
+        self._written_threads[str(thread.thread_id)] = (thread.pk, cipher)
+        if thread.uses_delta_channels:
+            self._delta_threads.add(thread.pk)
+
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         # PostgresSaver's scheme: a counter, then a random tie-breaker.
         if current is None:

@@ -335,6 +335,8 @@ def _invoke(
             waiting = selectors.waiting_nodes(thread)
         ensure_nodes_exist(graph, waiting, key=spec.key)
     cipher = ThreadCipher.for_thread(thread)
+    # The claim read the thread alive, locked: no look-up before the first write.
+    graph.checkpointer.adopt(thread, cipher)
     graph_input, config = _graph_input(run, thread, cipher, untried=untried)
     context = RunContext(
         tenant_id=thread.tenant_id,

@@ -12,6 +12,7 @@ from asgiref.sync import sync_to_async
 from django.core.management import call_command
 from django.db import connection, connections
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
@@ -21,7 +22,12 @@ from langgraph.types import Command, interrupt
 from audit.models import AuditEvent
 from runs import storage
 from runs.checkpointer import PACKED_WRITES_IDX, DjangoSaver
-from runs.crypto import NotCiphertext, TamperedCiphertext, ThreadDeleted
+from runs.crypto import (
+    NotCiphertext,
+    TamperedCiphertext,
+    ThreadCipher,
+    ThreadDeleted,
+)
 from runs.models import ChannelBlob, Checkpoint, PendingWrite, Thread
 from runs.serde import DisallowedType
 from tests.factories import make_tenant, stored_cipher
@@ -588,6 +594,55 @@ def test_a_late_write_cannot_recreate_a_thread_whose_row_is_gone():
     with pytest.raises(ThreadDeleted):
         in_flight.put_writes(stored, [("text", "late")], "task-1")
     assert not Thread.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_adopted_thread_takes_its_first_write_in_one_statement():
+    # The worker adopts the thread it claimed: the first write does not look
+    # it up (no FOR KEY SHARE select of the thread, no transaction of its own).
+    tenant = make_tenant()
+    thread = Thread.objects.create_with_data_key(tenant=tenant, thread_id="a")
+    saver = DjangoSaver(tenant=tenant)
+    saver.adopt(thread, ThreadCipher.for_thread(thread))
+    with CaptureQueriesContext(connection) as queries:
+        stored = put_checkpoint(saver, "a", {"text": "hello"})
+        saver.put_writes(stored, [("text", "more")], "task-1")
+    # The guarded statements go through psycopg; the look-up through Django.
+    assert [query["sql"] for query in queries] == []
+    with CaptureQueriesContext(connection) as queries:
+        put_checkpoint(DjangoSaver(tenant=tenant), "a", {"text": "again"})
+    assert any("FOR KEY SHARE" in query["sql"] for query in queries)
+    stored_tuple = DjangoSaver(tenant=tenant).get_tuple(stored)
+    assert stored_tuple.checkpoint["channel_values"] == {"text": "hello"}
+    assert stored_tuple.pending_writes == [("task-1", "text", "more")]
+
+
+@pytest.mark.django_db
+def test_an_adopted_thread_deleted_after_the_claim_refuses_late_writes():
+    tenant = make_tenant()
+    thread = Thread.objects.create_with_data_key(tenant=tenant, thread_id="a")
+    in_flight = DjangoSaver(tenant=tenant)
+    in_flight.adopt(thread, ThreadCipher.for_thread(thread))
+    DjangoSaver(tenant=tenant).delete_thread("a")
+    Thread.objects.create_with_data_key(tenant=tenant, thread_id="a")
+
+    with pytest.raises(ThreadDeleted, match="refusing a late write"):
+        put_checkpoint(in_flight, "a", {"text": "late"})
+    with pytest.raises(ThreadDeleted):
+        in_flight.put_writes(
+            {"configurable": {"thread_id": "a", "checkpoint_id": "x"}},
+            [("text", "late")],
+            "task-1",
+        )
+    assert Checkpoint.objects.count() == PendingWrite.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_saver_adopts_no_thread_of_another_tenant():
+    thread = Thread.objects.create_with_data_key(tenant=make_tenant(), thread_id="a")
+    saver = DjangoSaver(tenant=make_tenant())
+    with pytest.raises(ValueError, match="another tenant"):
+        saver.adopt(thread, ThreadCipher.for_thread(thread))
 
 
 @pytest.mark.django_db
