@@ -1,0 +1,151 @@
+"""config.asgi's handler: each request's middleware and view run on one
+thread, entered once, and that thread serves the next request once the
+request's sync code is done. Driven in-process through the ASGI
+interface, as uvicorn calls it (the server itself: test_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from config.asgi import OneHopASGIHandler, RequestThread
+from tests.factories import make_api_key, make_tenant
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def connections_end_with_their_request(monkeypatch):
+    """As in the web process (a pool, CONN_MAX_AGE 0): the requests' threads
+    hold no connection once answered, so the test database can be dropped."""
+    from django.db import connections
+
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 0)
+
+
+def scope(path: str, headers: dict[str, str] | None = None) -> dict:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "https",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"testserver"),
+            *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 443),
+    }
+
+
+async def call(app, path: str, headers=None, *, leave_after: float | None = None):
+    """The response's status and body; with `leave_after`, the client
+    disconnects that many seconds after sending its request."""
+    sent = []
+    asked = asyncio.Event()
+
+    async def receive():
+        if not asked.is_set():
+            asked.set()
+            return {"type": "http.request", "body": b"", "more_body": False}
+        if leave_after is None:
+            await asyncio.Event().wait()  # a client that stays until answered
+        await asyncio.sleep(leave_after)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope(path, headers), receive, send)
+    status = next(
+        (m["status"] for m in sent if m["type"] == "http.response.start"), None
+    )
+    body = b"".join(
+        m.get("body", b"") for m in sent if m["type"] == "http.response.body"
+    )
+    return status, body
+
+
+class Recording(OneHopASGIHandler):
+    """Notes the thread each request's middleware chain ran on, and how many
+    times per request it was entered from the event loop."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__()
+        self.delay = delay
+        self.threads: list[int] = []
+        self.finished = threading.Event()
+
+    def get_response(self, request):
+        self.threads.append(threading.get_ident())
+        time.sleep(self.delay)
+        try:
+            return super().get_response(request)
+        finally:
+            self.finished.set()
+
+
+def test_the_middleware_chain_and_the_view_run_on_one_thread_per_request():
+    app = Recording()
+    _, secret = make_api_key(make_tenant())
+
+    async def three():
+        return [
+            await call(app, "/api/v1/agents", {"Authorization": f"Bearer {secret}"})
+            for _ in range(3)
+        ]
+
+    answers = async_to_sync(three)()
+    assert [status for status, _ in answers] == [200, 200, 200]
+    assert all(b'"refund"' in body for _, body in answers)
+    # Not Django's async chain: no coroutine between the middleware.
+    assert not asyncio.iscoroutinefunction(app._middleware_chain)
+    # Entered once per request, and the thread kept for the next one.
+    assert len(app.threads) == 3 and len(set(app.threads)) == 1
+    assert threading.get_ident() not in app.threads
+    assert len(app._idle_threads) == 1
+
+
+def test_a_request_whose_client_left_finishes_before_its_thread_serves_another():
+    """asgiref waits for a cancelled call's sync code to return; the thread
+    is only then handed to the next request."""
+    app = Recording(delay=0.5)
+
+    async def leave_then_ask_again():
+        left = await call(app, "/healthz", leave_after=0.05)
+        finished_before_next = app.finished.is_set()
+        return left, finished_before_next, await call(app, "/healthz")
+
+    left, finished_before_next, (status, body) = async_to_sync(leave_then_ask_again)()
+    assert left == (None, b"")  # never answered: the client had gone
+    assert finished_before_next
+    assert status == 200 and body == b'{"status":"ok"}'
+    assert len(app.threads) == 2 and app.threads[0] == app.threads[1]
+
+
+def test_a_request_thread_is_idle_only_once_its_calls_are_done():
+    thread = RequestThread()
+    release = threading.Event()
+    try:
+        assert thread.idle
+        running = thread.submit(release.wait, 5)
+        assert not thread.idle
+        release.set()
+        running.result(timeout=5)
+        # Done callbacks run just after the result is set.
+        deadline = time.monotonic() + 5
+        while not thread.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert thread.idle
+    finally:
+        release.set()
+        thread.shutdown()
