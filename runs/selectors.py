@@ -251,7 +251,7 @@ def namespaces_over(*, thread_pks, keep: int):
     return (
         Checkpoint.objects.filter(thread_id__in=thread_pks)
         .values("thread_id", "thread__thread_id", "checkpoint_ns")
-        .annotate(rows=Count("pk"))
+        .annotate(rows=Count("*"))
         .filter(rows__gt=keep)
         .order_by("thread_id", "checkpoint_ns")
     )

@@ -159,7 +159,7 @@ def _delete_rows(model, thread_pks, namespaces, db) -> Iterable[tuple[int, int]]
         rows = rows.filter(checkpoint_ns__in=namespaces)
     counts = list(
         rows.values("thread_id")
-        .annotate(rows=Count("pk"))
+        .annotate(rows=Count("*"))
         .values_list("thread_id", "rows")
         .order_by()
     )

@@ -3,11 +3,11 @@
 Plaintext columns hold structure only (ids, namespaces, channel names,
 versions, steps); every value is ciphertext from `runs.crypto.ThreadCipher`,
 bound to its row. The thread foreign keys carry no index of their own: each
-table's unique index starts with the thread.
+table's primary or unique key starts with the thread.
 
 Checkpoint and task ids are `CompactIdField`s: LangGraph's ids are UUIDs, kept
-in their 16 bytes instead of 36 characters (in the rows and in the unique
-indexes that lead with them).
+in their 16 bytes instead of 36 characters (in the rows and in the keys that
+lead with them).
 """
 
 import re
@@ -89,6 +89,9 @@ class Checkpoint(models.Model):
     names the blobs the checkpoint uses. All are structure, never content.
     """
 
+    # Its identity is the primary key: no surrogate id (a column and an index
+    # per row).
+    pk = models.CompositePrimaryKey("thread", "checkpoint_ns", "checkpoint_id")
     thread = models.ForeignKey(
         Thread, on_delete=models.CASCADE, related_name="checkpoints", db_index=False
     )
@@ -107,13 +110,8 @@ class Checkpoint(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [
-            # Also the access path of get_tuple (latest first) and list.
-            models.UniqueConstraint(
-                fields=["thread", "checkpoint_ns", "checkpoint_id"],
-                name="checkpoint_identity",
-            )
-        ]
+        # The primary key is also the access path of get_tuple (latest first)
+        # and list.
         indexes = [
             models.Index(
                 fields=["run_id"],
@@ -157,6 +155,11 @@ class PendingWrite(models.Model):
     overwrites; regular writes are never overwritten.
     """
 
+    # Its identity is the primary key: no surrogate id (a column and an index
+    # per row).
+    pk = models.CompositePrimaryKey(
+        "thread", "checkpoint_ns", "checkpoint_id", "task_id", "idx"
+    )
     thread = models.ForeignKey(
         Thread, on_delete=models.CASCADE, related_name="+", db_index=False
     )
@@ -167,14 +170,6 @@ class PendingWrite(models.Model):
     channel = models.CharField(max_length=255)
     task_path = models.TextField(blank=True, default="")
     value = models.BinaryField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["thread", "checkpoint_ns", "checkpoint_id", "task_id", "idx"],
-                name="pending_write_identity",
-            )
-        ]
 
     def __str__(self) -> str:
         return (

@@ -1,6 +1,8 @@
-"""runs 0019: checkpoint and task ids are stored as compact bytes (a UUID in
-16). Rows written before read the same after, on Postgres and on SQLite (the
-embedded mode), and the migration reverses to the text it started from."""
+"""runs 0019 and 0020: checkpoint and task ids are stored as compact bytes (a
+UUID in 16), and checkpoints and writes are keyed by their identity without a
+surrogate id. Rows written before read the same after, on Postgres and on
+SQLite (the embedded mode), and the migrations reverse to the text ids and
+surrogate keys they started from."""
 
 import pytest
 from django.db import connections
@@ -92,6 +94,13 @@ def test_rows_written_before_read_the_same_after(alias):
                 f"FROM {Checkpoint._meta.db_table}"
             )
             texts = set(cursor.fetchall())
+            if alias == "default":
+                cursor.execute(
+                    "SELECT count(*) FROM information_schema.columns WHERE "
+                    "column_name = 'id' AND table_name IN "
+                    "('runs_checkpoint', 'runs_pendingwrite')"
+                )
+                assert cursor.fetchone() == (2,)
         assert texts == {
             (UUID_IDS[0], ""),
             (UUID_IDS[1], UUID_IDS[0]),
@@ -106,4 +115,22 @@ def test_rows_written_before_read_the_same_after(alias):
     with connections[alias].cursor() as cursor:
         cursor.execute(f"SELECT checkpoint_id FROM {Checkpoint._meta.db_table}")
         lengths = {len(bytes(value)) for (value,) in cursor.fetchall()}
+        if alias == "default":
+            # Postgres: the identity is the primary key, and the id is gone.
+            cursor.execute(
+                "SELECT conrelid::regclass::text, pg_get_constraintdef(oid) "
+                "FROM pg_constraint WHERE contype = 'p' AND conrelid IN "
+                "('runs_checkpoint'::regclass, 'runs_pendingwrite'::regclass)"
+            )
+            assert dict(cursor.fetchall()) == {
+                "runs_checkpoint": "PRIMARY KEY (thread_id, checkpoint_ns, "
+                "checkpoint_id)",
+                "runs_pendingwrite": "PRIMARY KEY (thread_id, checkpoint_ns, "
+                "checkpoint_id, task_id, idx)",
+            }
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.columns WHERE column_name "
+                "= 'id' AND table_name IN ('runs_checkpoint', 'runs_pendingwrite')"
+            )
+            assert cursor.fetchone() == (0,)
     assert 16 in lengths
