@@ -42,6 +42,7 @@ from runs import (
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
+from runs.fixed_queries import FixedQuery
 from runs.gates import gate_nodes_of
 from runs.graphs import compiled, ensure_nodes_exist, spec_for, thread_config
 from runs.models import Checkpoint, Run, Thread
@@ -166,45 +167,102 @@ class Heartbeat(threading.Thread):
         self.join(timeout=5)
 
 
+# The claim's and the finish's queries (why each is so: see _claim and
+# _finish), compiled once per process (runs.fixed_queries); the argument of
+# each is the run's id.
+_SAMPLE_RUN_ID = uuid.UUID("5a3b1e00-0000-4000-8000-00000000c1a1")
+
+_CLAIM_THREAD = FixedQuery(
+    lambda run_id: (
+        Thread.objects.select_related("tenant")
+        .select_for_update(of=("self",), no_key=True)
+        .filter(
+            pk=Subquery(
+                Run.objects.filter(pk=run_id).order_by().values("thread_id")[:1]
+            ),
+            deleted_at__isnull=True,
+        )
+        .order_by()[:1]
+    ),
+    _SAMPLE_RUN_ID,
+)
+
+_CLAIM_RUN = FixedQuery(
+    lambda run_id: (
+        Run.objects.select_for_update(no_key=True)
+        .annotate(
+            behind=Exists(
+                Run.objects.filter(thread_id=OuterRef("thread_id"))
+                .exclude(pk=OuterRef("pk"))
+                .filter(
+                    Q(status__in=Run.ACTIVE, created_at__lte=OuterRef("created_at"))
+                    | Q(status=Run.Status.RUNNING)
+                )
+            ),
+            waiting_nodes=Subquery(
+                selectors.waiting_nodes_query(OuterRef("thread_id")),
+                output_field=JSONField(),
+            ),
+        )
+        .filter(pk=run_id)
+        .order_by()
+    ),
+    _SAMPLE_RUN_ID,
+)
+
+_FINISH_THREAD = FixedQuery(
+    lambda run_id: (
+        Thread.objects.select_related("tenant")
+        .select_for_update(of=("self",), no_key=True)
+        .filter(runs__pk=run_id, deleted_at__isnull=True)
+        .order_by()[:1]
+    ),
+    _SAMPLE_RUN_ID,
+)
+
+_FINISH_RUN = FixedQuery(
+    lambda run_id: (
+        Run.objects.select_for_update(no_key=True)
+        .annotate(
+            next_queued=Subquery(
+                Run.objects.filter(
+                    thread_id=OuterRef("thread_id"), status=Run.Status.QUEUED
+                )
+                .order_by("created_at")
+                .values("id")[:1]
+            )
+        )
+        .filter(pk=run_id)
+        .order_by()
+    ),
+    _SAMPLE_RUN_ID,
+)
+
+
+def _first(rows: list) -> Any:
+    return rows[0] if rows else None
+
+
+def _the_run(rows: list[Run]) -> Run:
+    """The one row of a run's query, as QuerySet.get would say it."""
+    if not rows:
+        raise Run.DoesNotExist("Run matching query does not exist.")
+    return rows[0]
+
+
 def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
     """Take the run if it is this worker's to execute; None otherwise."""
     with transaction.atomic():
         # Lock order everywhere: thread, then its runs (FOR NO KEY UPDATE:
         # see approvals.services.lifecycle for why never plain FOR UPDATE).
         # The run's thread is found inside the locking query: one round trip.
-        thread = _one(
-            Thread.objects.select_related("tenant")
-            .select_for_update(of=("self",), no_key=True)
-            .filter(
-                pk=Subquery(
-                    Run.objects.filter(pk=run_id).order_by().values("thread_id")[:1]
-                ),
-                deleted_at__isnull=True,
-            )
-        )
+        thread = _first(_CLAIM_THREAD(uuid.UUID(str(run_id))))
         if thread is None:
             return None
         # With the thread locked no run of it changes (every writer locks the
         # thread first): what the run waits for, and what a resume must find
         # in the graph, are read with it, in its statement.
-        run = (
-            Run.objects.select_for_update(no_key=True)
-            .annotate(
-                behind=Exists(
-                    Run.objects.filter(thread_id=OuterRef("thread_id"))
-                    .exclude(pk=OuterRef("pk"))
-                    .filter(
-                        Q(status__in=Run.ACTIVE, created_at__lte=OuterRef("created_at"))
-                        | Q(status=Run.Status.RUNNING)
-                    )
-                ),
-                waiting_nodes=Subquery(
-                    selectors.waiting_nodes_query(OuterRef("thread_id")),
-                    output_field=JSONField(),
-                ),
-            )
-            .get(pk=run_id)
-        )
+        run = _the_run(_CLAIM_RUN(uuid.UUID(str(run_id))))
         run.thread = thread  # the locked row, for whatever reads run.thread
         now = timezone.now()
         recovered_from = ""
@@ -454,28 +512,12 @@ def _finish(
     run_id: str, owner: str, outcome: Outcome, publisher: streaming.Publisher
 ) -> None:
     with transaction.atomic():
-        thread = _one(
-            Thread.objects.select_related("tenant")
-            .select_for_update(of=("self",), no_key=True)
-            .filter(runs__pk=run_id, deleted_at__isnull=True)
-        )
+        thread = _first(_FINISH_THREAD(uuid.UUID(str(run_id))))
         if thread is None:
             return  # deleted while running: nothing left to record
         # The thread's next queued run read with it (see _claim: with the
         # thread locked, none is queued meanwhile).
-        run = (
-            Run.objects.select_for_update(no_key=True)
-            .annotate(
-                next_queued=Subquery(
-                    Run.objects.filter(
-                        thread_id=OuterRef("thread_id"), status=Run.Status.QUEUED
-                    )
-                    .order_by("created_at")
-                    .values("id")[:1]
-                )
-            )
-            .get(pk=run_id)
-        )
+        run = _the_run(_FINISH_RUN(uuid.UUID(str(run_id))))
         run.thread = thread  # the locked row: receivers read run.thread
         if run.lease_owner != owner or run.status != Run.Status.RUNNING:
             logger.warning(

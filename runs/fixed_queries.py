@@ -1,0 +1,117 @@
+"""Queries of a fixed shape, compiled to SQL once per process.
+
+Django builds and compiles a queryset anew on every call: for the worker's
+claim and finish, whose queries lock rows and carry subqueries, that was most
+of the CPU a run spends outside the graph. A FixedQuery keeps the queryset as
+the one definition of the query (select_related, annotations, locks and all),
+compiles it the first time, and afterwards only fills in its arguments and
+builds the model instances from the rows, as Django's ModelIterable does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import Model, QuerySet
+from django.db.models.query import get_related_populators
+from django.db.transaction import TransactionManagementError
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    params: tuple
+    # For each argument, the positions of the parameters it fills.
+    slots: tuple[tuple[int, ...], ...]
+    compiler: Any
+    converters: dict
+    model: type[Model]
+    init_list: list[str]
+    model_columns: slice
+    related_populators: list
+    annotation_col_map: dict[str, int]
+    locks: bool
+
+
+class FixedQuery:
+    """`build(*arguments)`: the queryset, of models, whose shape no argument
+    changes. `samples`: one value per argument, of the type the compiled
+    query's parameters hold (a UUID for a UUID key) and that no call passes:
+    how the first compilation finds where each argument goes."""
+
+    def __init__(self, build: Callable[..., QuerySet], *samples: Any) -> None:
+        self.build = build
+        self.samples = samples
+        self._compiled: dict[str, _Compiled] = {}
+        self._lock = threading.Lock()
+
+    def _compile(self, using: str) -> _Compiled:
+        queryset = self.build(*self.samples).using(using)
+        compiler = queryset.query.get_compiler(using=using)
+        sql, params = compiler.as_sql()
+        slots = tuple(
+            tuple(i for i, param in enumerate(params) if param == sample)
+            for sample in self.samples
+        )
+        if not all(slots):
+            raise ValueError("an argument of the query is not among its parameters")
+        select, klass_info = compiler.select, compiler.klass_info
+        first, last = klass_info["select_fields"][0], klass_info["select_fields"][-1]
+        return _Compiled(
+            sql=sql,
+            params=tuple(params),
+            slots=slots,
+            compiler=compiler,
+            converters=compiler.get_converters(
+                [column[0] for column in select[0 : compiler.col_count]]
+            ),
+            model=klass_info["model"],
+            init_list=[column[0].target.attname for column in select[first : last + 1]],
+            model_columns=slice(first, last + 1),
+            related_populators=get_related_populators(klass_info, select, using),
+            annotation_col_map=dict(compiler.annotation_col_map or {}),
+            locks=bool(queryset.query.select_for_update),
+        )
+
+    def __call__(self, *arguments: Any, using: str = DEFAULT_DB_ALIAS) -> list:
+        compiled = self._compiled.get(using)
+        if compiled is None:
+            with self._lock:
+                compiled = self._compiled.get(using) or self._compile(using)
+                self._compiled[using] = compiled
+        params = list(compiled.params)
+        for slot, sample, argument in zip(
+            compiled.slots, self.samples, arguments, strict=True
+        ):
+            if type(argument) is not type(sample):
+                raise TypeError(
+                    f"expected {type(sample).__name__}, got {type(argument).__name__}"
+                )
+            for position in slot:
+                params[position] = argument
+        connection = connections[using]
+        if compiled.locks and connection.get_autocommit():
+            # What Django's compiler says of a lock outside a transaction.
+            raise TransactionManagementError(
+                "select_for_update cannot be used outside of a transaction."
+            )
+        with connection.cursor() as cursor:
+            cursor.execute(compiled.sql, params)
+            rows = cursor.fetchall()
+        if compiled.converters:
+            rows = compiled.compiler.apply_converters(rows, compiled.converters)
+        objects = []
+        for row in rows:
+            obj = compiled.model.from_db(
+                using, compiled.init_list, row[compiled.model_columns]
+            )
+            for populator in compiled.related_populators:
+                populator.populate(row, obj)
+            for name, position in compiled.annotation_col_map.items():
+                setattr(obj, name, row[position])
+            objects.append(obj)
+        return objects

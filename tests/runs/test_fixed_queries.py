@@ -1,0 +1,95 @@
+"""runs.fixed_queries: a query compiled once answers as the ORM would, call
+after call, with each call's own arguments."""
+
+import uuid
+
+import pytest
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.db.transaction import TransactionManagementError
+
+from audit.services import Actor
+from runs import execution, services
+from runs.fixed_queries import FixedQuery
+from runs.models import Run, Thread
+from tests.factories import make_tenant
+
+pytestmark = pytest.mark.django_db
+
+SAMPLE = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
+
+
+def _thread_with_runs(tenant, count: int) -> tuple[Thread, list[Run]]:
+    thread = services.thread_create(
+        tenant=tenant, agent="refund", actor=Actor.system("t")
+    )
+    runs = [
+        Run.objects.create(
+            tenant=tenant, thread=thread, kind="start", agent_version="1"
+        )
+        for _ in range(count)
+    ]
+    return thread, runs
+
+
+def _fields(obj) -> dict:
+    return {field.attname: getattr(obj, field.attname) for field in obj._meta.fields}
+
+
+def test_the_claims_queries_answer_as_the_orm_does_for_each_run():
+    tenant = make_tenant()
+    thread, (first, second) = _thread_with_runs(tenant, 2)
+    _, (other,) = _thread_with_runs(make_tenant(), 1)
+    Run.objects.filter(pk=first.pk).update(status=Run.Status.RUNNING)
+    with transaction.atomic():
+        for run in (first, second, other):
+            (fixed,) = execution._CLAIM_RUN(run.pk)
+            (orm,) = execution._CLAIM_RUN.build(run.pk)
+            assert _fields(fixed) == _fields(orm)
+            assert (fixed.behind, fixed.waiting_nodes) == (
+                orm.behind,
+                orm.waiting_nodes,
+            )
+            (locked,) = execution._CLAIM_THREAD(run.pk)
+            assert locked.pk == run.thread_id
+            # select_related: the tenant comes with the thread, no query.
+            assert _fields(locked.tenant) == _fields(run.thread.tenant)
+        # The second run waits for the first: the annotations are per call.
+        assert [r.behind for r in execution._CLAIM_RUN(first.pk)] == [False]
+        assert [r.behind for r in execution._CLAIM_RUN(second.pk)] == [True]
+        (finish,) = execution._FINISH_RUN(first.pk)
+        assert finish.next_queued == second.pk
+        assert execution._FINISH_THREAD(first.pk)[0].pk == thread.pk
+        assert execution._CLAIM_THREAD(uuid.uuid4()) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locking_query_is_refused_outside_a_transaction():
+    _, (run,) = _thread_with_runs(make_tenant(), 1)
+    with pytest.raises(TransactionManagementError):
+        execution._CLAIM_RUN(run.pk)
+
+
+def test_an_argument_of_another_type_is_refused():
+    _, (run,) = _thread_with_runs(make_tenant(), 1)
+    with transaction.atomic(), pytest.raises(TypeError):
+        execution._CLAIM_RUN(str(run.pk))
+
+
+def test_a_sample_the_query_does_not_hold_is_refused():
+    query = FixedQuery(lambda run_id: Run.objects.filter(status="queued"), SAMPLE)
+    with pytest.raises(ValueError, match="not among its parameters"):
+        query(uuid.uuid4())
+
+
+def test_an_argument_used_twice_fills_both_places():
+    _, (run,) = _thread_with_runs(make_tenant(), 1)
+    query = FixedQuery(
+        lambda run_id: Run.objects.filter(
+            Exists(Run.objects.filter(pk=run_id, thread_id=OuterRef("thread_id"))),
+            pk=run_id,
+        ),
+        SAMPLE,
+    )
+    assert [r.pk for r in query(run.pk)] == [run.pk]
+    assert query(uuid.uuid4()) == []
