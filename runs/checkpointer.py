@@ -88,10 +88,12 @@ _COLUMN_FILTERS = {"source": str, "step": int, "run_id": str}
 _DELTA_METADATA_KEYS = ("counters_since_delta_snapshot", "delta_writes_versioned")
 _BATCH = 500
 _LIST_CHUNK = 100
-# A put_writes call with several regular writes stores them as one row: its
+# A put_writes call's regular writes (one or more) are stored as one row: its
 # idx is this plus the first write's position (special channels have negative
 # idx, regular writes their position), its channel is empty, and its value is
-# the encrypted list of [idx, channel, serialized value] (kind "writes").
+# the encrypted list of [idx, channel, serialized value] (kind "writes"). A
+# lone regular write is packed too, so that a task's later call finds the
+# earlier call's row in its place and, like PostgresSaver, keeps the first.
 PACKED_WRITES_IDX = 1 << 30
 # A checkpoint and its metadata are one ciphertext, [checkpoint, metadata], of
 # this kind, in the `checkpoint` column; `metadata` is left empty. Rows written
@@ -211,6 +213,8 @@ def _put_statement(blob_count: int) -> str:
 
 @lru_cache(maxsize=32)
 def _put_writes_statement(write_count: int, upsert: bool) -> str:
+    """Answers whether the thread is alive and, for inserts, whether a packed
+    row was inserted (0 when the task's earlier call holds its place)."""
     rows = ", ".join(["(%s::integer, %s::text, %s::bytea)"] * write_count)
     on_conflict = (
         "DO UPDATE SET channel = EXCLUDED.channel, task_path = EXCLUDED.task_path, "
@@ -225,7 +229,8 @@ def _put_writes_statement(write_count: int, upsert: bool) -> str:
         "SELECT t.id, %s::text, %s::bytea, %s::bytea, %s::text, v.idx, v.channel, "
         f"v.value FROM t, (VALUES {rows}) AS v(idx, channel, value) "
         "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) "
-        f"{on_conflict}) SELECT count(*) FROM t"
+        f"{on_conflict} RETURNING idx) SELECT (SELECT count(*) FROM t), "
+        f"(SELECT count(*) FROM saved WHERE idx >= {PACKED_WRITES_IDX})"
     )
 
 
@@ -751,12 +756,15 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         which tells a deleted thread from one whose creation has not
         committed yet (LangGraph writes from several threads at once).
         """
+        return self._write_returning(sql, params)[0] == 1
+
+    def _write_returning(self, sql: str, params: Sequence[Any]) -> tuple:
+        """Run a guarded write; its answer (first, whether the thread is alive)."""
         connection = connections[self.using]
         connection.ensure_connection()
         with psycopg.Cursor(connection.connection) as cursor:
             cursor.execute(sql, params, prepare=True)
-            (alive,) = cursor.fetchone()
-        return alive == 1
+            return cursor.fetchone()
 
     @property
     def _on_postgres(self) -> bool:
@@ -787,12 +795,12 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
         singles, packed = indexed, []
         if not special:
-            regular = [write for write in indexed if write[0] >= 0]
-            if len(regular) > 1:
-                singles = [write for write in indexed if write[0] < 0]
-                packed = regular
+            singles = [write for write in indexed if write[0] < 0]
+            packed = [write for write in indexed if write[0] >= 0]
 
-        def seal(cipher: ThreadCipher) -> list[tuple[int, str, bytes]]:
+        def seal(
+            cipher: ThreadCipher, packed: list[tuple[int, str, Any]]
+        ) -> list[tuple[int, str, bytes]]:
             rows = [
                 (
                     idx,
@@ -831,7 +839,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         thread_connections.bind(self.using)
         outages.through_outages(
             lambda: self._put_writes(
-                thread_id, ns, checkpoint_id, task_id, task_path, indexed, special, seal
+                thread_id, ns, checkpoint_id, task_id, task_path, packed, special, seal
             ),
             what=f"writes of task {task_id}",
             using=self.using,
@@ -844,9 +852,11 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         checkpoint_id: str,
         task_id: str,
         task_path: str,
-        indexed: list[tuple[int, str, Any]],
+        packed: list[tuple[int, str, Any]],
         special: bool,
-        seal: Callable[[ThreadCipher], list[tuple[int, str, bytes]]],
+        seal: Callable[
+            [ThreadCipher, list[tuple[int, str, Any]]], list[tuple[int, str, bytes]]
+        ],
     ) -> None:
         # Upserts, or inserts that ignore rows already there: repeated after a
         # lost connection, they write the same rows.
@@ -860,14 +870,22 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 compact_id(task_id),
                 task_path,
             ]
-            sealed = seal(cipher)
+            sealed = seal(cipher, packed)
             for row in sealed:
                 params += row
             statement = _put_writes_statement(len(sealed), special)
-            if self._write_if_alive(statement, params):
+            alive, packed_rows = self._write_returning(statement, params)
+            if alive == 1 and (packed_rows or not packed):
                 return
+            # Dead or not yet committed (below tells which), or the task's
+            # earlier call holds the packed row's place: merged below.
         with transaction.atomic(using=self.using):
             thread = self._thread_for_write(thread_id)
+            manager = PendingWrite.objects.using(self.using)
+            if packed:
+                packed = self._writes_not_stored(
+                    thread, ns, checkpoint_id, task_id, packed
+                )
             rows = [
                 PendingWrite(
                     thread_id=thread.pk,
@@ -879,9 +897,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                     task_path=task_path,
                     value=value,
                 )
-                for idx, channel, value in seal(thread.cipher)
+                for idx, channel, value in seal(thread.cipher, packed)
             ]
-            manager = PendingWrite.objects.using(self.using)
             if special:
                 manager.bulk_create(
                     rows,
@@ -897,6 +914,39 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 )
             else:
                 manager.bulk_create(rows, ignore_conflicts=True)
+
+    def _writes_not_stored(
+        self,
+        thread: _LiveThread,
+        ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        packed: list[tuple[int, str, Any]],
+    ) -> list[tuple[int, str, Any]]:
+        """The regular writes whose positions the task's earlier calls did not
+        store: PostgresSaver inserts each (task, idx) once, the first call's.
+
+        Their packed row then starts at a position no stored row has, so its
+        idx is free. Call inside the write's transaction.
+        """
+        stored = (
+            PendingWrite.objects.using(self.using)
+            .filter(
+                thread_id=thread.pk,
+                checkpoint_ns=ns,
+                checkpoint_id=checkpoint_id,
+                task_id=task_id,
+                idx__gte=0,
+            )
+            .values_list("task_id", "idx", "channel", "task_path", "value")
+        )
+        positions = {
+            position
+            for _, position, _, _, _ in self._open_writes(
+                thread.cipher, ns, checkpoint_id, stored
+            )
+        }
+        return [write for write in packed if write[0] not in positions]
 
     # --- reads --------------------------------------------------------------------
 

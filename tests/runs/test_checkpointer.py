@@ -350,6 +350,32 @@ def test_a_tasks_writes_are_one_row_and_come_back_one_by_one():
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "calls",
+    [
+        [[("x", 1), ("y", 2)], [("x", 3)]],
+        [[("x", 1)], [("x", 3), ("y", 4)]],
+        [[("x", 1)], [("x", 3)]],
+    ],
+    ids=["several-then-one", "one-then-several", "one-then-one"],
+)
+def test_a_tasks_repeated_writes_keep_the_first_as_langgraphs_savers_do(calls):
+    """PostgresSaver and InMemorySaver insert a task's regular writes once per
+    (task, idx): a later call does not replace an earlier one's."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    results = []
+    for saver in (DjangoSaver(tenant=make_tenant()), InMemorySaver()):
+        stored = put_checkpoint(saver, "a", {})
+        for writes in calls:
+            saver.put_writes(stored, writes, "task-1")
+        results.append(saver.get_tuple(stored).pending_writes)
+    ours, theirs = results
+    assert ours == theirs == [("task-1", "x", 1), *theirs[1:]]
+    assert PendingWrite.objects.filter(idx__lt=PACKED_WRITES_IDX).count() == 0
+
+
+@pytest.mark.django_db
 def test_packed_writes_are_bound_to_their_row():
     saver = DjangoSaver(tenant=make_tenant())
     stored = put_checkpoint(saver, "a", {})
