@@ -671,7 +671,11 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                     channel,
                     version,
                     cipher.encrypt_value(
-                        value, row=("blob", ns, channel, version), serializer=self.serde
+                        value,
+                        row=("blob", ns, channel, version),
+                        serializer=self.serde,
+                        # A snapshot: the whole list, written once per cadence.
+                        compact=isinstance(value, _DeltaSnapshot),
                     ),
                 )
                 for channel, version, value in plan.blobs

@@ -235,6 +235,13 @@ _ZSTD = 0x40
 _ZSTD_DICT = 0x80
 _CODEC_BITS = _ZSTD_DICT | _ZSTD
 _ZSTD_LEVEL = 1
+# Values written rarely and kept long (a DeltaChannel's snapshot: the whole
+# message list, once per cadence) compress harder: chat messages 15% smaller
+# than at level 1 at 125 KB (25 ms of CPU on the benchmark machine), 29% at
+# 250 KB (38 ms). Larger ones take the usual level, so that a long thread's
+# snapshot does not hold its step up. zstd reads every level alike.
+_ZSTD_COMPACT_LEVEL = 15
+COMPACT_MAX_BYTES = 1 << 18
 _codecs = threading.local()
 # zstd's raw-content dictionary for the values Gatehouse stores: LangGraph's
 # checkpoint and metadata keys, its special channels, the zero-padded channel
@@ -596,8 +603,9 @@ class ThreadCipher:
         *,
         row: Sequence[str | int],
         serializer: StrictSerializer | None = None,
+        compact: bool = False,
     ) -> bytes:
-        return self.encrypt(encode_value(value, serializer), row=row)
+        return self.encrypt(encode_value(value, serializer, compact=compact), row=row)
 
     def decrypt_value(
         self,
@@ -616,12 +624,15 @@ def _format_dictionary() -> zstandard.ZstdCompressionDict:
     )
 
 
-def _compressor() -> zstandard.ZstdCompressor:
+def _compressor(level: int = _ZSTD_LEVEL) -> zstandard.ZstdCompressor:
     # zstd contexts are not safe to share between threads; one per thread.
-    compressor = getattr(_codecs, "compressor", None)
+    compressors = getattr(_codecs, "compressors", None)
+    if compressors is None:
+        compressors = _codecs.compressors = {}
+    compressor = compressors.get(level)
     if compressor is None:
-        compressor = _codecs.compressor = zstandard.ZstdCompressor(
-            level=_ZSTD_LEVEL, dict_data=_format_dictionary()
+        compressor = compressors[level] = zstandard.ZstdCompressor(
+            level=level, dict_data=_format_dictionary()
         )
     return compressor
 
@@ -636,13 +647,21 @@ def _decompressor(codec: int) -> zstandard.ZstdDecompressor:
     return decompressors[codec]
 
 
-def encode_value(value: Any, serializer: StrictSerializer | None = None) -> bytes:
+def encode_value(
+    value: Any, serializer: StrictSerializer | None = None, *, compact: bool = False
+) -> bytes:
     """The plaintext of a value: the encoding byte (serde type code, and a flag
-    for zstd compression), then the bytes."""
+    for zstd compression), then the bytes. `compact`: a value written rarely
+    and kept long, compressed harder (up to COMPACT_MAX_BYTES)."""
     encoded = (serializer or default_serializer()).dumps(value)
     if len(encoded) <= COMPRESS_MIN_BYTES:
         return encoded
-    packed = _compressor().compress(memoryview(encoded)[1:])
+    level = (
+        _ZSTD_COMPACT_LEVEL
+        if compact and len(encoded) <= COMPACT_MAX_BYTES
+        else _ZSTD_LEVEL
+    )
+    packed = _compressor(level).compress(memoryview(encoded)[1:])
     if len(packed) + 1 >= len(encoded):
         return encoded
     return bytes((encoded[0] | _ZSTD_DICT,)) + packed

@@ -165,9 +165,10 @@ def test_rows_written_before_packing_give_the_same_histories():
     assert not PendingWrite.objects.filter(idx__gte=PACKED_WRITES_IDX).exists()
     assert not Checkpoint.objects.filter(metadata=b"").exists()
     fresh = DjangoSaver(tenant=thread.tenant)
-    assert fresh.get_delta_channel_history(
-        config=_config("chat"), channels=["log"]
-    ) == before
+    assert (
+        fresh.get_delta_channel_history(config=_config("chat"), channels=["log"])
+        == before
+    )
     assert _assert_same_histories(fresh, "chat") > 5
     graph = chat_graph(fresh)
     graph.invoke({"log": ["and again"]}, _config("chat"))
@@ -288,3 +289,28 @@ def test_sqlite_takes_langgraphs_walk():
     graph = chat_graph(saver)
     graph.invoke({"log": ["hi"]}, _config("lite"))
     assert len(graph.get_state(_config("lite")).values["log"]) == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_snapshots_are_stored_compressed_harder():
+    """A snapshot (the whole list, once per cadence) takes zstd's compact level;
+    the store reads it as any other value."""
+    import random
+
+    from runs.models import ChannelBlob
+
+    words = "refund order invoice customer shipping damaged status thanks".split()
+    rng = random.Random(7)
+    said = [" ".join(rng.choices(words, k=80)) for _ in range(60)]
+    saver = DjangoSaver(tenant=make_tenant())
+    state = chat_graph(saver).invoke({"log": said}, _config("chat"))
+    thread = Thread.objects.get(thread_id="chat")
+    cipher = ThreadCipher.for_thread(thread)
+    snapshots = ChannelBlob.objects.filter(thread=thread, channel="log")
+    assert snapshots.exists()
+    for blob in snapshots:
+        row = ("blob", "", "log", blob.version)
+        value = cipher.decrypt_value(blob.value, row=row, serializer=saver.serde)
+        usual = cipher.encrypt_value(value, row=row, serializer=saver.serde)
+        assert len(blob.value) < len(usual)
+    assert chat_graph(saver).get_state(_config("chat")).values == state

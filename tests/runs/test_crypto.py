@@ -102,6 +102,31 @@ def test_large_values_are_compressed_before_encryption():
     assert cipher.decrypt_value(blob, row=ROW) == value
 
 
+def _chat(messages: int) -> list[dict]:
+    import random
+
+    words = "refund order invoice customer shipping damaged status thanks".split()
+    rng = random.Random(messages)
+    return [
+        {"role": "user", "content": " ".join(rng.choices(words, k=80))}
+        for _ in range(messages)
+    ]
+
+
+def test_values_kept_long_compress_harder_and_read_alike(monkeypatch):
+    cipher = ThreadCipher.for_thread(make_thread())
+    value = _chat(100)
+    usual = cipher.encrypt_value(value, row=ROW)
+    compact = cipher.encrypt_value(value, row=ROW, compact=True)
+    assert len(compact) < len(usual) * 0.95
+    assert cipher.decrypt_value(compact, row=ROW) == value
+    # Over the bound: the usual level, so a large one does not hold a step up.
+    monkeypatch.setattr(crypto, "COMPACT_MAX_BYTES", 1000)
+    assert len(crypto.encode_value(value, compact=True)) == len(
+        crypto.encode_value(value)
+    )
+
+
 def test_the_format_dictionary_never_changes():
     """Stored values need its exact bytes: a new dictionary is a new codec flag."""
     assert hashlib.sha256(crypto.FORMAT_DICTIONARY).hexdigest() == (
