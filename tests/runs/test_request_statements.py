@@ -67,3 +67,28 @@ def test_following_a_run_reads_it_no_second_time():
     sql = [q["sql"] for q in captured.captured_queries]
     assert not [s for s in sql if s.startswith("SELECT")], sql
     assert len([s for s in sql if 'INSERT INTO "audit_auditevent"' in s]) == 1
+
+
+def test_an_agent_protocol_run_start_ends_on_its_audit_event():
+    """The tenant's audit sequence row is held from the `run.queued` event
+    to the commit: nothing comes between them, not even the release of a
+    savepoint (the run services' transaction is the request's own)."""
+    _, client = tenant_with_client()
+    thread_id = client.post("/langgraph/threads", {}, format="json").json()["thread_id"]
+    with CaptureQueriesContext(connection) as captured:
+        started = client.post(
+            f"/langgraph/threads/{thread_id}/runs",
+            {
+                "assistant_id": "refund",
+                "input": {"customer_message": "hi", "order": {"id": "A-3"}},
+            },
+            format="json",
+        )
+    assert started.status_code == 200, started.content
+    sql = [q["sql"] for q in captured.captured_queries]
+    # In this test's transaction the request's own is a savepoint: one.
+    assert len([s for s in sql if s.startswith("SAVEPOINT")]) == 1, sql
+    event = next(
+        i for i, s in enumerate(sql) if 'INSERT INTO "audit_auditevent"' in s
+    )
+    assert sql[event + 1].startswith("RELEASE SAVEPOINT"), sql[event:]
