@@ -42,7 +42,7 @@ from runs import (
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
-from runs.fixed_queries import FixedQuery
+from runs.fixed_queries import FixedQuery, save_fields
 from runs.gates import gate_nodes_of
 from runs.graphs import compiled, ensure_nodes_exist, spec_for, thread_config
 from runs.models import Checkpoint, Run, Thread
@@ -304,19 +304,20 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
         run.heartbeat_at = now
         run.attempts += 1
         run.started_at = run.started_at or now
-        run.save(
-            update_fields=[
+        save_fields(
+            run,
+            (
                 "status",
                 "lease_owner",
                 "lease_until",
                 "heartbeat_at",
                 "attempts",
                 "started_at",
-            ]
+            ),
         )
         if thread.status != Thread.Status.RUNNING:
             thread.status = Thread.Status.RUNNING
-            thread.save(update_fields=["status", "updated_at"])
+            save_fields(thread, ("status", "updated_at"))
         if recovered_from:
             thread_event(
                 thread=thread,
@@ -574,8 +575,9 @@ def _finish(
             kind, data = events.RUN_SUCCEEDED, {}
         run.ended_at = timezone.now()
         run.lease_owner, run.lease_until = "", None
-        run.save(
-            update_fields=[
+        save_fields(
+            run,
+            (
                 "status",
                 "next_nodes",
                 "error_type",
@@ -584,9 +586,9 @@ def _finish(
                 "ended_at",
                 "lease_owner",
                 "lease_until",
-            ]
+            ),
         )
-        thread.save(update_fields=["status", "gated_nodes", "updated_at"])
+        save_fields(thread, ("status", "gated_nodes", "updated_at"))
         thread_event(
             thread=thread,
             kind=kind,

@@ -6,18 +6,20 @@ of the CPU a run spends outside the graph. A FixedQuery keeps the queryset as
 the one definition of the query (select_related, annotations, locks and all),
 compiles it the first time, and afterwards only fills in its arguments and
 builds the model instances from the rows, as Django's ModelIterable does.
+save_fields does the same for `save(update_fields=...)`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models import Model, QuerySet
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db.models import Field, Model, QuerySet
 from django.db.models.query import get_related_populators
+from django.db.models.signals import post_save, pre_save
 from django.db.transaction import TransactionManagementError
 
 
@@ -115,3 +117,72 @@ class FixedQuery:
                 setattr(obj, name, row[position])
             objects.append(obj)
         return objects
+
+
+def save_fields(
+    obj: Model, fields: Sequence[str], *, using: str = DEFAULT_DB_ALIAS
+) -> None:
+    """`obj.save(update_fields=fields)`, its UPDATE built once per process for
+    the model and the fields (Django builds, filters and compiles it on every
+    save). The same statement and values as Model.save: each field's
+    pre_save (auto_now), its prepared value, and the error of a row gone.
+    Model.save itself whenever something listens to the model's pre_save or
+    post_save, or a value is an expression."""
+    model = type(obj)
+    connection = connections[using]
+    statement = _UPDATES.get((model, tuple(fields), connection.vendor))
+    if statement is None:
+        statement = _update_statement(model, tuple(fields), using)
+    sql, targets = statement
+    if (
+        not sql
+        or obj._state.adding
+        or pre_save.has_listeners(model)
+        or post_save.has_listeners(model)
+    ):
+        obj.save(update_fields=fields, using=using)
+        return
+    values = [field.pre_save(obj, False) for field in targets]
+    if any(hasattr(value, "resolve_expression") for value in values):
+        obj.save(update_fields=fields, using=using)
+        return
+    params = [
+        field.get_db_prep_save(value, connection)
+        for field, value in zip(targets, values, strict=True)
+    ]
+    params.append(model._meta.pk.get_db_prep_value(obj.pk, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.rowcount == 0:
+            raise DatabaseError("Save with update_fields did not affect any rows.")
+
+
+_UPDATES: dict[tuple, tuple[str, tuple[Field, ...]]] = {}
+
+
+def _update_statement(
+    model: type[Model], fields: tuple[str, ...], using: str
+) -> tuple[str, tuple[Field, ...]]:
+    """The UPDATE of `fields` by primary key; no SQL for a field Model.save
+    treats otherwise (a relation, a placeholder of its own, not a column)."""
+    connection = connections[using]
+    meta = model._meta
+    targets = tuple(meta.get_field(name) for name in fields)
+    sql = ""
+    if all(
+        field.concrete
+        and not field.primary_key
+        and not field.is_relation
+        # BinaryField asks the database's operations: "%s" on ours.
+        and getattr(field, "get_placeholder", lambda *_: "%s")(None, None, connection)
+        == "%s"
+        for field in targets
+    ):
+        quote = connection.ops.quote_name
+        assignments = ", ".join(f"{quote(field.column)} = %s" for field in targets)
+        sql = (
+            f"UPDATE {quote(meta.db_table)} SET {assignments} "
+            f"WHERE {quote(meta.pk.column)} = %s"
+        )
+    _UPDATES[(model, fields, connection.vendor)] = (sql, targets)
+    return sql, targets

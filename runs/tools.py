@@ -50,6 +50,7 @@ from audit.services import Actor, record
 from runs import thread_connections
 from runs.context import current_step, step_key
 from runs.crypto import ThreadCipher
+from runs.fixed_queries import save_fields
 from runs.models import Thread, ToolCall
 
 
@@ -308,14 +309,8 @@ class Ledger:
         row.status, row.error_type = ToolCall.Status.SUCCEEDED, ""
         row.result = self.seal("tool-result", result)
         with transaction.atomic():
-            row.save(
-                update_fields=[
-                    "status",
-                    "error_type",
-                    "result",
-                    "finished_at",
-                    "attempt_log",
-                ]
+            save_fields(
+                row, ("status", "error_type", "result", "finished_at", "attempt_log")
             )
             self._event(self.succeeded_kind, attempt=row.attempts)
 

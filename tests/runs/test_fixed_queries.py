@@ -1,16 +1,19 @@
 """runs.fixed_queries: a query compiled once answers as the ORM would, call
-after call, with each call's own arguments."""
+after call, with each call's own arguments; save_fields writes what
+Model.save writes."""
 
 import uuid
 
 import pytest
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Exists, OuterRef
+from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 
 from audit.services import Actor
 from runs import execution, services
-from runs.fixed_queries import FixedQuery
+from runs.fixed_queries import FixedQuery, save_fields
 from runs.models import Run, Thread
 from tests.factories import make_tenant
 
@@ -93,3 +96,53 @@ def test_an_argument_used_twice_fills_both_places():
     )
     assert [r.pk for r in query(run.pk)] == [run.pk]
     assert query(uuid.uuid4()) == []
+
+
+def test_save_fields_writes_what_model_save_writes():
+    thread, (run,) = _thread_with_runs(make_tenant(), 1)
+    before = Thread.objects.get(pk=thread.pk).updated_at
+    run.status, run.next_nodes, run.error = "failed", ["ask"], b"\x00sealed"
+    run.ended_at = timezone.now()
+    save_fields(run, ("status", "next_nodes", "error", "ended_at"))
+    thread.status, thread.gated_nodes = "error", ["ask"]
+    save_fields(thread, ("status", "gated_nodes", "updated_at"))
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.status, stored.next_nodes, bytes(stored.error)) == (
+        "failed",
+        ["ask"],
+        b"\x00sealed",
+    )
+    assert stored.ended_at == run.ended_at
+    stored_thread = Thread.objects.get(pk=thread.pk)
+    assert (stored_thread.status, stored_thread.gated_nodes) == ("error", ["ask"])
+    # auto_now, as Model.save sets it, on the instance too.
+    assert stored_thread.updated_at == thread.updated_at > before
+    # Only the fields named.
+    run.status, run.error_type = "succeeded", "Nope"
+    save_fields(run, ("status",))
+    assert Run.objects.get(pk=run.pk).error_type == ""
+
+
+def test_save_fields_of_a_row_gone_is_an_error_as_with_model_save():
+    _, (run,) = _thread_with_runs(make_tenant(), 1)
+    Run.objects.filter(pk=run.pk).delete()
+    run.status = "running"
+    with pytest.raises(DatabaseError, match="did not affect any rows"):
+        save_fields(run, ("status",))
+
+
+def test_save_fields_leaves_it_to_model_save_when_someone_listens():
+    _, (run,) = _thread_with_runs(make_tenant(), 1)
+    heard = []
+
+    def listener(sender, instance, update_fields, **kwargs):
+        heard.append((instance.pk, sorted(update_fields)))
+
+    post_save.connect(listener, sender=Run)
+    try:
+        run.status = "running"
+        save_fields(run, ("status",))
+    finally:
+        post_save.disconnect(listener, sender=Run)
+    assert heard == [(run.pk, ["status"])]
+    assert Run.objects.get(pk=run.pk).status == "running"
