@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import logging
 import os
 import platform
 import signal
@@ -59,8 +60,9 @@ and its checkpoint, the finish (`run.succeeded`, one commit), the `end` event
 through Redis to the waiting web process (which wakes on it, no polling), and
 the `run.output_read` audit event of the reader. Every audit event of a tenant
 takes that tenant's sequence row until its transaction commits (the trail's
-gap-free order), so the flows of one tenant, as here, queue on it; how much
-of the figures that costs was not measured apart. The web processes hold no
+gap-free order), so the flows of one tenant, as here, queue on it: in the
+concurrency phase about 0.5 transactions wait on it on average, 2-3 with
+twice the worker processes (docs/scaling.md). The web processes hold no
 thread while they wait: a waiting call is a blocked XREAD in the event loop."""
 
 
@@ -112,7 +114,9 @@ def start(command: list[str], name: str) -> subprocess.Popen:
     )
 
 
-def start_platform(web_workers: int, run_workers: int) -> tuple[str, list]:
+def start_platform(
+    web_workers: int, run_workers: int, worker_concurrency: int = 1
+) -> tuple[str, list]:
     import httpx
 
     port = free_port()
@@ -143,7 +147,7 @@ def start_platform(web_workers: int, run_workers: int) -> tuple[str, list]:
                 [
                     *(sys.executable, "-m", "celery", "-A", "config", "worker"),
                     "--pool=prefork",
-                    "--concurrency=1",
+                    f"--concurrency={worker_concurrency}",
                     "--loglevel=WARNING",
                     f"--hostname=benchstream{index}@%h",
                     "--without-gossip",
@@ -273,7 +277,65 @@ def load() -> str:
     return ", ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
-def measure(url: str, key: str, samples: int, flows: int, concurrency: int) -> dict:
+def cpu_seconds(processes: list) -> dict[str, float]:
+    """CPU seconds so far of each tier: the web server and the workers (their
+    process trees), Postgres (the backends connected to the benchmark's
+    database) and this client."""
+    import resource
+
+    import psycopg
+    from peers_gatehouse import process_tree_cpu
+
+    with psycopg.connect(f"{PG}/{DB_NAME}") as conn:
+        backends = [
+            pid
+            for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            )
+        ]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "web": process_tree_cpu(processes[0].pid),
+        "workers": sum(process_tree_cpu(p.pid) for p in processes[1:]),
+        # Backends live as long as their connections (pools, persistent
+        # ones): one that closed in the phase is missed.
+        "postgres": {pid: process_tree_cpu(pid) for pid in backends},
+        "client": usage.ru_utime + usage.ru_stime,
+    }
+
+
+def cpu_per_flow(before: dict, after: dict, flows: int) -> dict[str, float]:
+    postgres = sum(
+        seconds - before["postgres"].get(pid, 0.0)
+        for pid, seconds in after["postgres"].items()
+    )
+    return {
+        tier: (postgres if tier == "postgres" else after[tier] - before[tier])
+        / max(flows, 1)
+        for tier in after
+    }
+
+
+def claim_and_execution(since: float) -> tuple[float, float]:
+    """Mean seconds the runs created since `since` (epoch) waited to be
+    claimed (started_at - created_at), and executed (ended_at - started_at)."""
+    import psycopg
+
+    with psycopg.connect(f"{PG}/{DB_NAME}") as conn:
+        return conn.execute(
+            "SELECT avg(extract(epoch FROM started_at - created_at)),"
+            " avg(extract(epoch FROM ended_at - started_at)) FROM runs_run"
+            " WHERE created_at >= to_timestamp(%s) AND ended_at IS NOT NULL",
+            [since],
+        ).fetchone()
+
+
+def measure(
+    url: str, key: str, samples: int, flows: int, concurrency: int, processes: list
+) -> dict:
+    # django.setup() left httpx logging each request: hundreds of lines.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     client = client_for(url, key)
     for _ in range(5):  # warm every process up
         thread_id, _ = interrupted_thread(client)
@@ -303,12 +365,17 @@ def measure(url: str, key: str, samples: int, flows: int, concurrency: int) -> d
             print(f"flow failed: {failure!r}", file=sys.stderr)
             return None
 
+    cpu_before, since = cpu_seconds(processes), time.time()
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         outcomes = list(pool.map(one_flow, range(flows)))
     results["wall"] = time.perf_counter() - started
     results["flows"] = [latency for latency in outcomes if latency is not None]
     results["failed"] = outcomes.count(None)
+    results["cpu"] = cpu_per_flow(
+        cpu_before, cpu_seconds(processes), len(results["flows"])
+    )
+    results["claim"], results["execution"] = claim_and_execution(since)
     return results
 
 
@@ -331,7 +398,8 @@ def section(results: dict, args) -> str:
         f"same machine; load average {results['load_start']} at the start, "
         f"{load()} at the end (the benchmark's own processes included).",
         f"- Platform: gunicorn with {args.web_workers} uvicorn workers, "
-        f"{args.run_workers} Celery worker processes (prefork, concurrency 1), "
+        f"{args.run_workers} Celery worker processes (prefork, concurrency "
+        f"{args.worker_concurrency}), "
         "stream events in Redis.",
         "- Agent: one step to an input interrupt, one step once resumed "
         "(`tests.agents:question_graph`). Every call through the official "
@@ -352,7 +420,11 @@ def section(results: dict, args) -> str:
         f"Complete flows (thread, start → interrupted, resume → finished) at "
         f"concurrency {args.concurrency}: **{rate:.1f} flows/s** "
         f"({len(results['flows'])} in {results['wall']:.1f} s; "
-        f"{results['failed']} failed).",
+        f"{results['failed']} failed). CPU per complete flow in that phase: "
+        + ", ".join(f"{tier} {ms(value)}" for tier, value in results["cpu"].items())
+        + " (Postgres: the backends of the benchmark's database; the client: "
+        f"this benchmark); runs waited {ms(results['claim'])} on average to be "
+        f"claimed by a worker and executed for {ms(results['execution'])}.",
         "",
         "Targets (on an idle machine):",
         "",
@@ -375,6 +447,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--run-workers", type=int, default=2)
+    # Pool processes per worker. Two (Celery's default here, one per core)
+    # shortened the runs' wait for a worker (claim delay 380 -> 310 ms at
+    # concurrency 20) but doubled their execution (45 -> 85 ms): the tenant's
+    # audit sequence row had 2-3 transactions waiting on it on average instead
+    # of 0.5 (docs/scaling.md). 12.2 flows/s either way, so one, as before.
+    parser.add_argument("--worker-concurrency", type=int, default=1)
     parser.add_argument("--redis-db", type=int, default=12)
     parser.add_argument(
         "--no-write", action="store_true", help="print, leave docs/benchmarks.md"
@@ -387,9 +465,13 @@ def main() -> None:
 
     redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).flushdb()
     key = api_key()
-    url, processes = start_platform(args.web_workers, args.run_workers)
+    url, processes = start_platform(
+        args.web_workers, args.run_workers, args.worker_concurrency
+    )
     try:
-        results = measure(url, key, args.samples, args.flows, args.concurrency)
+        results = measure(
+            url, key, args.samples, args.flows, args.concurrency, processes
+        )
         results["load_start"] = load_start
     finally:
         stop(processes)
