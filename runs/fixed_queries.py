@@ -12,6 +12,7 @@ save_fields does the same for `save(update_fields=...)`.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,8 +56,13 @@ class FixedQuery:
         queryset = self.build(*self.samples).using(using)
         compiler = queryset.query.get_compiler(using=using)
         sql, params = compiler.as_sql()
+        connection = connections[using]
         slots = tuple(
-            tuple(i for i, param in enumerate(params) if param == sample)
+            tuple(
+                i
+                for i, param in enumerate(params)
+                if param == _db_value(sample, connection)
+            )
             for sample in self.samples
         )
         if not all(slots):
@@ -86,6 +92,7 @@ class FixedQuery:
                 compiled = self._compiled.get(using) or self._compile(using)
                 self._compiled[using] = compiled
         params = list(compiled.params)
+        connection = connections[using]
         for slot, sample, argument in zip(
             compiled.slots, self.samples, arguments, strict=True
         ):
@@ -94,8 +101,7 @@ class FixedQuery:
                     f"expected {type(sample).__name__}, got {type(argument).__name__}"
                 )
             for position in slot:
-                params[position] = argument
-        connection = connections[using]
+                params[position] = _db_value(argument, connection)
         if compiled.locks and connection.get_autocommit():
             # What Django's compiler says of a lock outside a transaction.
             raise TransactionManagementError(
@@ -117,6 +123,15 @@ class FixedQuery:
                 setattr(obj, name, row[position])
             objects.append(obj)
         return objects
+
+
+def _db_value(value: Any, connection) -> Any:
+    """`value` as the compiler puts it among a query's parameters: Django
+    sends a UUID as its hex string to a database without a uuid type
+    (SQLite, the embedded mode)."""
+    if isinstance(value, uuid.UUID) and not connection.features.has_native_uuid_field:
+        return value.hex
+    return value
 
 
 def save_fields(
