@@ -45,6 +45,7 @@ from runs import crypto
 from runs.crypto import ThreadCipher
 from runs.dispatch import task_send_on_commit
 from runs.errors import InvalidRequest
+from runs.fixed_queries import FixedQuery
 from runs.models import Run, Tenant, Thread
 from webhooks.models import EVENTS, WebhookDelivery, WebhookSubscription, origin
 
@@ -186,6 +187,15 @@ def endpoint_for(tenant: Tenant, url: str) -> WebhookSubscription | None:
     )
 
 
+# Read after every commit that records an event, by workers and web
+# processes alike: compiled once per process (runs.fixed_queries). The
+# sample is a tenant id no tenant has.
+_TENANT_SUBSCRIPTIONS = FixedQuery(
+    lambda tenant_id: WebhookSubscription.objects.filter(tenant_id=tenant_id),
+    -1_000_003,
+)
+
+
 def subscriptions_at(event: AuditEvent) -> list[WebhookSubscription]:
     """The tenant's subscriptions when `event` is announced: read once for
     all the events its transaction committed (audit.services.once_per_commit)."""
@@ -193,7 +203,7 @@ def subscriptions_at(event: AuditEvent) -> list[WebhookSubscription]:
     return once_per_commit(
         event,
         ("webhook-subscriptions", tenant_id),
-        lambda: list(WebhookSubscription.objects.filter(tenant_id=tenant_id)),
+        lambda: _TENANT_SUBSCRIPTIONS(tenant_id),
     )
 
 
