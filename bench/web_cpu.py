@@ -12,7 +12,8 @@ request in between:
   run, join it, status GET, find the approval, decide, join, status GET.
 
 Several `--app`s (gunicorn's "module:app", optionally preceded by NAME=value
-settings of that server's environment) are served side by side and their
+settings of that server's environment and gunicorn options, such as
+--chdir=ANOTHER_CHECKOUT) are served side by side and their
 flows interleaved: an A/B on a shared machine, where the load falls on both.
 The web worker's CPU is /proc/PID/stat's user + system time, which keeps the
 time of threads that ended; it counts in clock ticks (10 ms), so only means
@@ -227,8 +228,11 @@ def start_platform(apps: list[str]) -> tuple[list[str], list]:
     ports = [stream.free_port() for _ in apps]
     processes = []
     for index, (spec, port) in enumerate(zip(apps, ports, strict=True)):
-        # "NAME=value ... module:app": the environment of this one server.
+        # "NAME=value ... --option ... module:app": this one server's
+        # environment and gunicorn options (--chdir: another checkout's code).
         *settings, app = spec.split()
+        options = [s for s in settings if s.startswith("--")]
+        settings = [s for s in settings if not s.startswith("--")]
         log = open(f"/tmp/gatehouse-webcpu-web{index}.log", "w")  # noqa: SIM115
         processes.append(
             subprocess.Popen(
@@ -237,6 +241,7 @@ def start_platform(apps: list[str]) -> tuple[list[str], list]:
                     *("--worker-class", "uvicorn_worker.UvicornWorker"),
                     *("--workers", "1", "--bind", f"127.0.0.1:{port}"),
                     *("--keep-alive", "75"),
+                    *options,
                 ],
                 cwd=ROOT,
                 stdout=log,

@@ -39,11 +39,23 @@ class ProtocolView(APIView):
             raise exceptions.NotFound(f"Thread {thread_id} not found.")
         return thread
 
-    def run(self, thread: Thread, run_id) -> Run:
-        run = Run.objects.filter(thread=thread, pk=run_id).first()
+    def run(self, thread_id: str, run_id) -> Run:
+        """A run of the caller's tenant's thread, with the thread (and its
+        tenant) read in the same query: joining or reading a run is one."""
+        run = (
+            Run.objects.for_tenant(self.request.principal.tenant)
+            .filter(
+                thread__tenant=self.request.principal.tenant,
+                thread__thread_id=thread_id,
+                thread__deleted_at__isnull=True,
+                pk=run_id,
+            )
+            .select_related("thread__tenant")
+            .first()
+        )
         if run is None:
+            self.thread(thread_id)  # the thread not found, if that is why
             raise exceptions.NotFound(f"Run {run_id} not found.")
-        run.thread = thread  # read just now, with its tenant
         return run
 
 

@@ -199,11 +199,11 @@ class ThreadRunStreamView(ThreadRunsMixin, StreamingView):
 
 class RunDetailView(ProtocolView):
     def get(self, request, thread_id, run_id):
-        thread = self.thread(thread_id)
-        return Response(shapes.run_of(self.run(thread, run_id), thread))
+        run = self.run(thread_id, run_id)
+        return Response(shapes.run_of(run, run.thread))
 
     def delete(self, request, thread_id, run_id):
-        self.run(self.thread(thread_id), run_id)
+        self.run(thread_id, run_id)
         raise NotSupported(
             "runs are not deleted: they are what the audit trail records; "
             "delete the thread to remove its content"
@@ -229,8 +229,8 @@ async def _after_end(target: relay.Target):
 
 class RunCancelView(ProtocolView):
     def post(self, request, thread_id, run_id):
-        thread = self.thread(thread_id)
-        run = self.run(thread, run_id)
+        run = self.run(thread_id, run_id)
+        thread = run.thread
         services.run_cancel(
             thread=thread,
             run=run,
@@ -277,7 +277,7 @@ class RunsCancelView(ProtocolView):
 
 class RunJoinView(ProtocolView):
     def get(self, request, thread_id, run_id):
-        run = self.run(self.thread(thread_id), run_id)
+        run = self.run(thread_id, run_id)
         return StreamingHttpResponse(
             relay.wait(_target(request, run), how="join"),
             content_type="application/json",
@@ -287,8 +287,8 @@ class RunJoinView(ProtocolView):
 
 class RunJoinStreamView(StreamingView):
     def get(self, request, thread_id, run_id):
-        thread = self.thread(thread_id)
-        run = self.run(thread, run_id)
+        run = self.run(thread_id, run_id)
+        thread = run.thread
         # httpx sends an unset stream_mode as an empty value.
         requested = [m for m in request.query_params.getlist("stream_mode") if m]
         modes = stream_modes(requested) if requested else None
