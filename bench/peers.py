@@ -516,8 +516,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--web-workers",
         type=int,
-        default=4,
-        help="gunicorn workers (4, README.md's production example)",
+        default=os.cpu_count() or 1,
+        help="gunicorn workers (one per core, as README.md says)",
     )
     parser.add_argument(
         "--redis-url",
