@@ -183,7 +183,7 @@ def stop(processes) -> None:
             os.killpg(process.pid, signal.SIGKILL)
 
 
-def api_key() -> str:
+def api_key(scopes: list[str] | None = None) -> str:
     import django
 
     django.setup()
@@ -197,7 +197,10 @@ def api_key() -> str:
         slug="bench", name="Bench", actor=Actor.system("bench")
     )
     return services.api_key_create(
-        tenant=tenant, name="bench", scopes=["runs"], actor=Actor.system("bench")
+        tenant=tenant,
+        name="bench",
+        scopes=scopes or ["runs"],
+        actor=Actor.system("bench"),
     ).secret
 
 

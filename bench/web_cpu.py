@@ -115,6 +115,23 @@ def agent_protocol_flow(client, meter: Meter, way: str) -> None:
     assert output == {"answer": "order A-1"}, output
 
 
+def joined(rest, meter: Meter, thread_id: str, run_id: str, wanted: str) -> None:
+    """Wait for the run's end (join), then read how it stopped (status GET)."""
+    meter.call(
+        "rest: join",
+        rest.request,
+        "GET",
+        f"/langgraph/threads/{thread_id}/runs/{run_id}/join",
+    )
+    run = meter.call(
+        "rest: status GET",
+        rest.request,
+        "GET",
+        f"/api/v1/threads/{thread_id}/runs/{run_id}",
+    )
+    assert run["status"] == wanted, run
+
+
 def rest_flow(rest, meter: Meter, case) -> None:
     from urllib.parse import urlencode
 
@@ -135,19 +152,7 @@ def rest_flow(rest, meter: Meter, case) -> None:
         f"/api/v1/threads/{thread_id}/runs",
         {"input": refund_request(case)},
     )["run_id"]
-    meter.call(
-        "rest: join",
-        rest.request,
-        "GET",
-        f"/langgraph/threads/{thread_id}/runs/{run_id}/join",
-    )
-    run = meter.call(
-        "rest: status GET",
-        rest.request,
-        "GET",
-        f"/api/v1/threads/{thread_id}/runs/{run_id}",
-    )
-    assert run["status"] == "interrupted", run
+    joined(rest, meter, thread_id, run_id, "interrupted")
     query = urlencode({"thread_id": thread_id, "status": "pending"})
     approval_id = meter.call(
         "rest: find approval", rest.request, "GET", f"/api/v1/approvals?{query}"
@@ -159,40 +164,7 @@ def rest_flow(rest, meter: Meter, case) -> None:
         f"/api/v1/approvals/{approval_id}/decision",
         {"approved": True, "reviewer": "bench"},
     )["resumed_run"]["run_id"]
-    meter.call(
-        "rest: join",
-        rest.request,
-        "GET",
-        f"/langgraph/threads/{thread_id}/runs/{resumed}/join",
-    )
-    run = meter.call(
-        "rest: status GET",
-        rest.request,
-        "GET",
-        f"/api/v1/threads/{thread_id}/runs/{resumed}",
-    )
-    assert run["status"] == "succeeded", run
-
-
-def api_key() -> str:
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    from audit.services import Actor
-    from runs import services
-
-    call_command("migrate", verbosity=0)
-    tenant = services.tenant_create(
-        slug="bench", name="Bench", actor=Actor.system("bench")
-    )
-    return services.api_key_create(
-        tenant=tenant,
-        name="bench",
-        scopes=["runs", "approvals"],
-        actor=Actor.system("bench"),
-    ).secret
+    joined(rest, meter, thread_id, resumed, "succeeded")
 
 
 def top_functions(raw: Path, count: int = 40) -> str:
@@ -302,7 +274,7 @@ def main() -> None:
     import redis
 
     redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).flushdb()
-    key = api_key()
+    key = stream.api_key(scopes=["runs", "approvals"])
     urls, processes = start_platform(apps)
     try:
         from peers_gatehouse import GatehouseClient
