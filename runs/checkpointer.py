@@ -202,7 +202,7 @@ def _put_statement(blob_count: int) -> str:
         "checkpoint_ns, checkpoint_id, parent_checkpoint_id, step, source, run_id, "
         "blob_versions, checkpoint, metadata, created_at) "
         "SELECT t.id, %s::text, %s::bytea, %s::bytea, %s::integer, %s::text, "
-        "%s::text, %s::jsonb, %s::bytea, %s::bytea, %s::timestamptz FROM t "
+        "%s::bytea, %s::jsonb, %s::bytea, %s::bytea, %s::timestamptz FROM t "
         "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
         "checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, "
         "step = EXCLUDED.step, source = EXCLUDED.source, run_id = EXCLUDED.run_id, "
@@ -745,7 +745,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             compact_id(plan.parent_checkpoint_id),
             plan.step,
             plan.source,
-            plan.run_id,
+            compact_id(plan.run_id),
             json.dumps(plan.blob_versions),
             sealed.checkpoint,
             sealed.metadata,

@@ -5,7 +5,7 @@ versions, steps); every value is ciphertext from `runs.crypto.ThreadCipher`,
 bound to its row. The thread foreign keys carry no index of their own: each
 table's primary or unique key starts with the thread.
 
-Checkpoint and task ids are `CompactIdField`s: LangGraph's ids are UUIDs, kept
+Checkpoint, task and run ids are `CompactIdField`s: LangGraph's ids are UUIDs, kept
 in their 16 bytes instead of 36 characters (in the rows and in the keys that
 lead with them).
 """
@@ -100,7 +100,7 @@ class Checkpoint(models.Model):
     parent_checkpoint_id = CompactIdField(blank=True, default="")
     step = models.IntegerField(null=True, blank=True)
     source = models.CharField(max_length=16, blank=True)
-    run_id = models.CharField(max_length=64, blank=True)
+    run_id = CompactIdField(blank=True, default="")
     # Channel -> version of the values kept as ChannelBlob rows, so one query
     # finds them. The encrypted checkpoint holds the same, and reads trust
     # only that: an altered map finds no blob, which is an error.

@@ -24,6 +24,7 @@ UUID_IDS = [
     "1f1ed23e-1ef7-603f-8064-bb076a225329",
 ]
 OTHER_IDS = ["checkpoint-0015", "c2", "C3-UPPER-ÄÖ"]
+RUN_ID = "0b6e8c1e-7f3a-4d2b-9a51-2f1c0e9d8b7a"
 
 
 def _migrate(alias: str, targets) -> None:
@@ -43,7 +44,7 @@ def _write_thread(saver: DjangoSaver, thread_id: str, ids: list[str]) -> None:
         config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
         if parent:
             config["configurable"]["checkpoint_id"] = parent
-        saved = saver.put(config, checkpoint, {"step": n}, versions)
+        saved = saver.put(config, checkpoint, {"step": n, "run_id": RUN_ID}, versions)
         saver.put_writes(saved, [("step", n + 1), ("note", "y")], task_id=ids[0])
         saver.put_writes(saved, [("__error__", "boom")], task_id=f"task-{n}")
         parent = checkpoint_id
@@ -94,6 +95,8 @@ def test_rows_written_before_read_the_same_after(alias):
                 f"FROM {Checkpoint._meta.db_table}"
             )
             texts = set(cursor.fetchall())
+            cursor.execute(f"SELECT DISTINCT run_id FROM {Checkpoint._meta.db_table}")
+            assert cursor.fetchall() == [(RUN_ID,)]
             if alias == "default":
                 cursor.execute(
                     "SELECT count(*) FROM information_schema.columns WHERE "
@@ -111,6 +114,11 @@ def test_rows_written_before_read_the_same_after(alias):
     finally:
         _migrate(alias, None)
     fresh = DjangoSaver(tenant=tenant, using=alias)
+    by_run = {"run_id": RUN_ID}
+    assert (
+        len(list(fresh.list({"configurable": {"thread_id": "uuids"}}, filter=by_run)))
+        == 2
+    )
     assert {thread: _read(fresh, thread) for thread in before} == before
     with connections[alias].cursor() as cursor:
         cursor.execute(f"SELECT checkpoint_id FROM {Checkpoint._meta.db_table}")
