@@ -733,21 +733,28 @@ Reading these figures:
   whose large values Postgres compresses itself (pglz); with
   `EncryptedSerializer` Postgres can no longer compress and the store grows
   3.5-fold. For small states DjangoSaver's fixed cost per checkpoint (the
-  AES-GCM nonce and tag of each value, surrogate keys) makes it a few hundred
-  bytes larger than PostgresSaver.
+  AES-GCM nonce and tag of each value) makes it a few hundred bytes larger
+  than PostgresSaver.
 - The chat thread: with a `DeltaChannel` a step stores its one message once
   (in the node's pending-write row, with the conditional edge's branch: a
   task's writes are one row), and a snapshot of the whole list every 100
-  updates (about 50 KB of the thread); the checkpoint row holds its ids and
-  one ciphertext of the checkpoint with its metadata, compressed with a
-  dictionary of LangGraph's format (about 350 bytes). That is about 1.6 KB a
-  step here (2.3 KB before those changes; PostgresSaver's rows take about
-  2.7 KB). Some of it is free space in part-filled heap pages: each
-  connection that inserts fills a page of its own, and LangGraph writes from
-  several executor threads (with max_concurrency=1 the thread is about 6%
-  smaller). Under 0.2 MB needs about 1 KB a step: fewer bytes of ids and keys
-  per row (surrogate primary keys, 36-character ids as text, the pending-write
-  index) rather than fewer rows.
+  updates (compressed at zstd's level 15: about 32 KB of ciphertext a thread
+  here); the checkpoint row holds its ids and one ciphertext of the
+  checkpoint with its metadata, compressed with a dictionary of LangGraph's
+  format (about 200 bytes). Ids are UUIDs in 16 bytes and each row's
+  identity is its primary key, so a step is about 300 bytes of checkpoint
+  row and 60 of key, and 435 of pending-write row (330 of them ciphertext)
+  and 75 of key: with the snapshots and free space about 1.2 KB a step (1.6
+  KB with 36-character ids and surrogate keys, 2.3 KB before packing;
+  PostgresSaver's rows take about 2.7 KB). The free space is in part-filled
+  heap pages (about 12% of the heaps here: each connection that inserts
+  fills a page of its own, and LangGraph writes from several executor
+  threads) and in each table's free-space map (24 KB once it has one, shared
+  by the threads measured). Under 0.2 MB needs about 1 KB a step with the
+  snapshots: beyond the ciphertexts (about 530 bytes a step) what is left is
+  two rows' headers, ids and key entries, so the next cut is fewer rows (a
+  step's writes kept with the checkpoint that follows them), not narrower
+  columns.
 """
 
 
