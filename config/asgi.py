@@ -43,6 +43,11 @@ class RequestThread(ThreadPoolExecutor):
             return self._pending == 0
 
 
+# Idle request threads a process keeps: a burst of concurrent requests (many
+# streams at once) leaves no more than this many threads behind.
+IDLE_THREADS = 32
+
+
 class OneHopASGIHandler(ASGIHandler):
     """Django's ASGI handler with the middleware chain and the view run as
     under WSGI: on one thread, entered once per request.
@@ -74,11 +79,11 @@ class OneHopASGIHandler(ASGIHandler):
             async with ThreadSensitiveContext(executor=thread):
                 await self.handle(scope, receive, send)
         finally:
-            if thread.idle:
+            if thread.idle and len(self._idle_threads) < IDLE_THREADS:
                 self._idle_threads.append(thread)
             else:
-                # A cancelled request's sync code still runs (a thread cannot
-                # be stopped): its thread ends when it is done, not reused.
+                # Beyond the threads worth keeping, or still running sync code
+                # it cannot be stopped in: the thread ends once it is done.
                 thread.shutdown(wait=False)
 
     async def get_response_async(self, request):

@@ -132,6 +132,19 @@ def test_a_request_whose_client_left_finishes_before_its_thread_serves_another()
     assert len(app.threads) == 2 and app.threads[0] == app.threads[1]
 
 
+def test_after_a_burst_of_requests_only_so_many_threads_are_kept(monkeypatch):
+    monkeypatch.setattr("config.asgi.IDLE_THREADS", 2)
+    app = Recording(delay=0.2)
+
+    async def five_at_once():
+        return await asyncio.gather(*(call(app, "/healthz") for _ in range(5)))
+
+    answers = async_to_sync(five_at_once)()
+    assert [status for status, _ in answers] == [200] * 5
+    assert len(set(app.threads)) == 5  # one thread each, at the same time
+    assert len(app._idle_threads) == 2
+
+
 def test_a_request_thread_is_idle_only_once_its_calls_are_done():
     thread = RequestThread()
     release = threading.Event()
