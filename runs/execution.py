@@ -124,47 +124,97 @@ class CancelWatch:
             raise RunCancelled(action)
 
 
-class Heartbeat(threading.Thread):
-    """Renews the run's lease every third of its length while the graph runs."""
+class Leases:
+    """Renews the leases of the runs this process executes, every third of
+    their length, from one thread for all of them.
 
-    def __init__(self, run_id, owner: str) -> None:
-        super().__init__(name=f"lease-{run_id}", daemon=True)
-        self.run_id, self.owner = run_id, owner
-        self.stopped = threading.Event()
+    A thread per run cost its start and its stop on every run (a few percent
+    of a short run's CPU). Holding a run is an entry in a dict; the thread
+    sleeps until the earliest renewal due, and at most a third of the lease
+    when it holds none, so a run taken while it sleeps is renewed on time.
+    """
 
-    def run(self) -> None:
-        interval = settings.GATEHOUSE_RUN_LEASE_SECONDS / 3
-        wait = interval
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # run id -> (lease owner, when its renewal is due on time.monotonic())
+        self._held: dict[Any, tuple[str, float]] = {}
+        self._thread: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        # The parent's thread does not exist in the child, and its lock may
+        # have been taken at the fork.
+        self._lock = threading.Lock()
+        self._held = {}
+        self._thread = None
+
+    def hold(self, run_id, owner: str) -> None:
+        due = time.monotonic() + settings.GATEHOUSE_RUN_LEASE_SECONDS / 3
+        with self._lock:
+            self._held[run_id] = (owner, due)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._renew_forever, name="leases", daemon=True
+                )
+                self._thread.start()
+
+    def release(self, run_id) -> None:
+        """Renew the run's lease no more. A renewal under way may still land:
+        it changes nothing once the run is recorded (it renews a run still
+        `running` and held by this owner only)."""
+        with self._lock:
+            self._held.pop(run_id, None)
+
+    def _renew_forever(self) -> None:
+        while True:
+            interval = settings.GATEHOUSE_RUN_LEASE_SECONDS / 3
+            now = time.monotonic()
+            with self._lock:
+                due = [(r, o) for r, (o, at) in self._held.items() if at <= now]
+            for run_id, owner in due:
+                wait = self._renew(run_id, owner, interval)
+                with self._lock:
+                    if self._held.get(run_id, (None,))[0] == owner:
+                        if wait is None:
+                            del self._held[run_id]
+                        else:
+                            self._held[run_id] = (owner, time.monotonic() + wait)
+            if due:
+                # A connection only while renewing: back on the shelf of
+                # the process's idle ones until the next renewal.
+                thread_connections.release()
+            with self._lock:
+                next_at = min(
+                    (at for _, at in self._held.values()),
+                    default=time.monotonic() + interval,
+                )
+            time.sleep(max(0.0, min(next_at - time.monotonic(), interval)))
+
+    def _renew(self, run_id, owner: str, interval: float) -> float | None:
+        """Renew one lease; seconds until the next renewal, None for none."""
         try:
-            while not self.stopped.wait(wait):
-                # A connection only for a run that lasts: off the shelf of
-                # the process's idle ones, back on it when the run ends.
-                thread_connections.bind()
-                now = timezone.now()
-                try:
-                    renewed = Run.objects.filter(
-                        pk=self.run_id,
-                        lease_owner=self.owner,
-                        status=Run.Status.RUNNING,
-                    ).update(lease_until=now + _lease_length(), heartbeat_at=now)
-                except outages.DATABASE_ERRORS as error:
-                    if not outages.is_database_outage(error):
-                        raise
-                    # Renew as soon as the database is back, before the
-                    # recovery sweep takes the lease for expired.
-                    outages.reconnect()
-                    wait = min(1.0, interval)
-                    continue
-                wait = interval
-                if not renewed:
-                    logger.warning("run %s: lease lost to another worker", self.run_id)
-                    return
-        finally:
-            thread_connections.release()
+            thread_connections.bind()
+            now = timezone.now()
+            renewed = Run.objects.filter(
+                pk=run_id, lease_owner=owner, status=Run.Status.RUNNING
+            ).update(lease_until=now + _lease_length(), heartbeat_at=now)
+        except Exception as error:
+            if not outages.is_database_outage(error):
+                # This run's lease is left to run out (as a thread of its own
+                # would have died); the thread goes on for the others.
+                logger.exception("run %s: its lease could not be renewed", run_id)
+                return None
+            # Renew as soon as the database is back, before the recovery
+            # sweep takes the lease for expired.
+            outages.reconnect()
+            return min(1.0, interval)
+        if not renewed:
+            logger.warning("run %s: lease lost to another worker", run_id)
+            return None
+        return interval
 
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(timeout=5)
+
+LEASES = Leases()
 
 
 # The claim's and the finish's queries (why each is so: see _claim and
@@ -618,8 +668,7 @@ def execute(run_id: str) -> None:
     publisher.publish(
         streaming.METADATA, {"run_id": str(run.id), "attempt": run.attempts}
     )
-    heartbeat = Heartbeat(run.id, owner)
-    heartbeat.start()
+    LEASES.hold(run.id, owner)
     try:
         outcome = _run(run, thread, publisher, owner)
     except Exception as exc:
@@ -630,7 +679,7 @@ def execute(run_id: str) -> None:
         logger.warning("run %s: the database stayed unavailable", run_id)
         return
     finally:
-        heartbeat.stop()
+        LEASES.release(run.id)
         replay.forget_run(run_id)
     outages.through_outages(
         lambda: _finish(run_id, owner, outcome, publisher),

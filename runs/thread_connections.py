@@ -3,10 +3,11 @@
 Django keeps a connection per thread. LangGraph runs a checkpoint store's
 writes (and nodes that run at once, and Functional API tasks) on the threads
 of an executor it creates for every `graph.stream` call and shuts down at its
-end; the run's lease is renewed on a thread of its own
-(runs.execution.Heartbeat). Left to Django, each of these threads opens a
-Postgres session of its own and closes it (or leaves it to the garbage
-collector) when it ends: a few new sessions for every run.
+end; the runs' leases are renewed on one thread of the process
+(runs.execution.Leases), which takes a connection only while renewing. Left
+to Django, each of these threads opens a Postgres session of its own and
+closes it (or leaves it to the garbage collector) when it ends: a few new
+sessions for every run.
 
 `bind()` gives the calling thread one connection for its whole life and, when
 the thread ends, puts it on a shelf of idle connections for the process, from
