@@ -8,8 +8,9 @@ from langgraph.pregel import Pregel
 
 from runs import registry
 from runs.checkpointer import DjangoSaver
-from runs.errors import VersionSkew
+from runs.errors import InvalidRequest, VersionSkew
 from runs.models import Thread
+from runs.models.checkpoints import compact_id
 
 
 def spec_for(thread: Thread, version: str | None = None) -> registry.AgentSpec:
@@ -53,11 +54,40 @@ def compile_for(thread: Thread, version: str | None = None) -> Pregel:
     return compiled(spec_for(thread, version), thread.tenant)
 
 
-def thread_config(thread: Thread, checkpoint_id: str | None = None) -> dict:
+# The longest checkpoint id a client may name: longer than any LangGraph makes
+# (a UUID, 36 characters), and what the columns held before 0019 (varchar(255)).
+MAX_ID_LENGTH = 255
+
+
+def thread_config(
+    thread: Thread, checkpoint_id: str | None = None, *, field: str = "checkpoint_id"
+) -> dict:
+    """The config that addresses the thread, or one of its checkpoints.
+
+    Every checkpoint id a client names (a URL, `before`, a body) reaches the
+    saver through here, so this is where one no checkpoint can have (a NUL or
+    a lone surrogate, which `compact_id` cannot store, too long, not text) is
+    refused: 400 naming `field`, which the state views answer as 404, as any
+    unknown checkpoint. Not a 500 from the saver's lookup."""
     configurable = {"thread_id": thread.thread_id, "checkpoint_ns": ""}
     if checkpoint_id:
+        if not _storable_id(checkpoint_id):
+            raise InvalidRequest(
+                f"thread {thread.thread_id} has no checkpoint {checkpoint_id!r}",
+                field=field,
+            )
         configurable["checkpoint_id"] = checkpoint_id
     return {"configurable": configurable}
+
+
+def _storable_id(value) -> bool:
+    if not isinstance(value, str) or len(value) > MAX_ID_LENGTH:
+        return False
+    try:
+        compact_id(value)
+    except ValueError:  # a NUL, or UnicodeEncodeError (a lone surrogate)
+        return False
+    return True
 
 
 def ensure_nodes_exist(graph: Pregel, nodes: list[str], *, key: str) -> None:

@@ -90,7 +90,7 @@ def thread_history(thread: Thread, *, limit: int, before: str | None) -> list[di
     if not thread.agent_version:
         return []
     graph = compile_for(thread)
-    before_config = thread_config(thread, before) if before else None
+    before_config = thread_config(thread, before, field="before") if before else None
     entries = []
     for snapshot in graph.get_state_history(
         thread_config(thread), limit=limit, before=before_config

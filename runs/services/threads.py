@@ -384,7 +384,7 @@ def thread_history(
         graph.get_state_history(
             thread_config(thread),
             limit=limit,
-            before=thread_config(thread, before) if before else None,
+            before=thread_config(thread, before, field="before") if before else None,
             filter=metadata or None,
         )
     )

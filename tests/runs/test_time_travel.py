@@ -1,5 +1,7 @@
 """History, state at a checkpoint, fork, and a run from a named checkpoint."""
 
+import json
+
 import pytest
 
 from audit.models import AuditEvent
@@ -73,3 +75,52 @@ def test_history_pages_with_before(worker):
     ids = [entry["checkpoint_id"] for entry in first["results"] + second["results"]]
     assert ids == [entry["checkpoint_id"] for entry in everything][: len(ids)]
     assert client.get("/api/v1/threads/t1/history?limit=0").status_code == 400
+
+
+# Ids no checkpoint can have (runs.models.checkpoints.compact_id refuses them):
+# a NUL, a lone surrogate, longer than 255 characters, not text at all.
+UNSTORABLE_IDS = ["ab\x00cd", "\ud800", "x" * 256]
+
+
+def test_a_checkpoint_id_no_checkpoint_can_have_is_4xx_on_every_path(worker):
+    """Not a 500 (issue 16): state at it is 404, as any unknown checkpoint;
+    history `before` it, a fork or a run from it, 400 naming the field."""
+    _, client = tenant_with_client()
+    client.post("/api/v1/threads", {"thread_id": "t1", "agent": "echo"}, format="json")
+    run_and_wait(client, {"input": {"text": "hello"}})
+
+    def error(response, *statuses):
+        assert response.status_code in statuses, response.content
+        assert {"code", "message"} <= set(response.json()), response.content
+        return response.json()
+
+    def post(path, body):
+        # json.dumps escapes a lone surrogate ("\ud800"), as a client's JSON may.
+        return client.post(path, json.dumps(body), content_type="application/json")
+
+    # (A URL's or query string's invalid UTF-8 reaches views replaced, never as
+    # a lone surrogate; JSON's "\ud800" does.)
+    for bad in ["ab%00cd", "x" * 256]:
+        error(client.get(f"/api/v1/threads/t1/state/{bad}"), 404)
+        error(client.get(f"/langgraph/threads/t1/state/{bad}"), 404)
+        assert "before" in error(
+            client.get(f"/api/v1/threads/t1/history?before={bad}"), 400
+        )["fields"]
+    for bad in UNSTORABLE_IDS:
+        for before in (bad, {"checkpoint_id": bad}):
+            error(post("/langgraph/threads/t1/history", {"before": before}), 400)
+        # 400 where the body's serializer refuses it first (DRF: no NUL).
+        error(post("/langgraph/threads/t1/state/checkpoint",
+                   {"checkpoint": {"checkpoint_id": bad}}),
+              400, 404)
+        for path, body in [
+            ("/langgraph/threads/t1/state", {"values": {}, "checkpoint_id": bad}),
+            ("/langgraph/threads/t1/state",
+             {"values": {}, "checkpoint": {"checkpoint_id": bad}}),
+            ("/langgraph/threads/t1/runs",
+             {"assistant_id": "echo", "input": {}, "checkpoint_id": bad}),
+            ("/api/v1/threads/t1/fork", {"checkpoint_id": bad, "values": {}}),
+            ("/api/v1/threads/t1/runs", {"input": {}, "checkpoint_id": bad}),
+        ]:
+            error(post(path, body), 400)
+    error(post("/langgraph/threads/t1/history", {"before": {"checkpoint_id": 5}}), 400)
