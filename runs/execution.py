@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -222,70 +223,67 @@ LEASES = Leases()
 # each is the run's id.
 _SAMPLE_RUN_ID = uuid.UUID("5a3b1e00-0000-4000-8000-00000000c1a1")
 
-_CLAIM_THREAD = FixedQuery(
-    lambda run_id: (
-        Thread.objects.select_related("tenant")
-        .select_for_update(of=("self",), no_key=True)
-        .filter(
-            pk=Subquery(
-                Run.objects.filter(pk=run_id).order_by().values("thread_id")[:1]
-            ),
-            deleted_at__isnull=True,
-        )
-        .order_by()[:1]
-    ),
-    _SAMPLE_RUN_ID,
-)
 
-_CLAIM_RUN = FixedQuery(
-    lambda run_id: (
-        Run.objects.select_for_update(no_key=True)
-        .annotate(
-            behind=Exists(
-                Run.objects.filter(thread_id=OuterRef("thread_id"))
-                .exclude(pk=OuterRef("pk"))
-                .filter(
-                    Q(status__in=Run.ACTIVE, created_at__lte=OuterRef("created_at"))
-                    | Q(status=Run.Status.RUNNING)
-                )
-            ),
-            waiting_nodes=Subquery(
-                selectors.waiting_nodes_query(OuterRef("thread_id")),
-                output_field=JSONField(),
-            ),
-        )
-        .filter(pk=run_id)
-        .order_by()
-    ),
-    _SAMPLE_RUN_ID,
-)
+def _locked_thread(filters: Callable[[uuid.UUID], dict]) -> FixedQuery:
+    """The run's thread with its tenant, locked (see _claim), if alive;
+    `filters(run_id)` finds it."""
+    return FixedQuery(
+        lambda run_id: (
+            Thread.objects.select_related("tenant")
+            .select_for_update(of=("self",), no_key=True)
+            .filter(deleted_at__isnull=True, **filters(run_id))
+            .order_by()[:1]
+        ),
+        _SAMPLE_RUN_ID,
+    )
 
-_FINISH_THREAD = FixedQuery(
-    lambda run_id: (
-        Thread.objects.select_related("tenant")
-        .select_for_update(of=("self",), no_key=True)
-        .filter(runs__pk=run_id, deleted_at__isnull=True)
-        .order_by()[:1]
-    ),
-    _SAMPLE_RUN_ID,
-)
 
-_FINISH_RUN = FixedQuery(
-    lambda run_id: (
-        Run.objects.select_for_update(no_key=True)
-        .annotate(
-            next_queued=Subquery(
-                Run.objects.filter(
-                    thread_id=OuterRef("thread_id"), status=Run.Status.QUEUED
-                )
-                .order_by("created_at")
-                .values("id")[:1]
+def _locked_run(annotations: Callable[[], dict]) -> FixedQuery:
+    """The run, locked (see _claim), with `annotations()` read with it."""
+    return FixedQuery(
+        lambda run_id: (
+            Run.objects.select_for_update(no_key=True)
+            .annotate(**annotations())
+            .filter(pk=run_id)
+            .order_by()
+        ),
+        _SAMPLE_RUN_ID,
+    )
+
+
+# Built at their first call, as querysets may only be once the apps are loaded.
+_CLAIM_THREAD = _locked_thread(
+    lambda run_id: {
+        "pk": Subquery(Run.objects.filter(pk=run_id).order_by().values("thread_id")[:1])
+    }
+)
+_CLAIM_RUN = _locked_run(
+    lambda: {
+        "behind": Exists(
+            Run.objects.filter(thread_id=OuterRef("thread_id"))
+            .exclude(pk=OuterRef("pk"))
+            .filter(
+                Q(status__in=Run.ACTIVE, created_at__lte=OuterRef("created_at"))
+                | Q(status=Run.Status.RUNNING)
             )
+        ),
+        "waiting_nodes": Subquery(
+            selectors.waiting_nodes_query(OuterRef("thread_id")),
+            output_field=JSONField(),
+        ),
+    }
+)
+_FINISH_THREAD = _locked_thread(lambda run_id: {"runs__pk": run_id})
+_FINISH_RUN = _locked_run(
+    lambda: {
+        "next_queued": Subquery(
+            Run.objects.filter(
+                thread_id=OuterRef("thread_id"), status=Run.Status.QUEUED
+            )
+            .order_by("created_at")
+            .values("id")[:1]
         )
-        .filter(pk=run_id)
-        .order_by()
-    ),
-    _SAMPLE_RUN_ID,
+    }
 )
 
 
