@@ -7,6 +7,9 @@ the one definition of the query (select_related, annotations, locks and all),
 compiles it the first time, and afterwards only fills in its arguments and
 builds the model instances from the rows, as Django's ModelIterable does.
 save_fields does the same for `save(update_fields=...)`.
+
+Queries name their database alias (`using`); DATABASE_ROUTERS are not asked
+(none is configured).
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ class FixedQuery:
     def __init__(self, build: Callable[..., QuerySet], *samples: Any) -> None:
         self.build = build
         self.samples = samples
-        self._compiled: dict[str, _Compiled] = {}
+        # By alias and vendor: an alias whose settings change in-process (a
+        # test's override) must not run SQL compiled for another database (a
+        # lock compiled on SQLite has no FOR NO KEY UPDATE).
+        self._compiled: dict[tuple[str, str], _Compiled] = {}
         self._lock = threading.Lock()
 
     def _compile(self, using: str) -> _Compiled:
@@ -86,13 +92,14 @@ class FixedQuery:
         )
 
     def __call__(self, *arguments: Any, using: str = DEFAULT_DB_ALIAS) -> list:
-        compiled = self._compiled.get(using)
+        connection = connections[using]
+        key = (using, connection.vendor)
+        compiled = self._compiled.get(key)
         if compiled is None:
             with self._lock:
-                compiled = self._compiled.get(using) or self._compile(using)
-                self._compiled[using] = compiled
+                compiled = self._compiled.get(key) or self._compile(using)
+                self._compiled[key] = compiled
         params = list(compiled.params)
-        connection = connections[using]
         for slot, sample, argument in zip(
             compiled.slots, self.samples, arguments, strict=True
         ):

@@ -14,7 +14,7 @@ from django.utils import timezone
 from audit.services import Actor
 from runs import execution, services
 from runs.fixed_queries import FixedQuery, save_fields
-from runs.models import Run, Thread
+from runs.models import Run, Tenant, Thread
 from tests.factories import make_tenant
 
 pytestmark = pytest.mark.django_db
@@ -146,3 +146,53 @@ def test_save_fields_leaves_it_to_model_save_when_someone_listens():
         post_save.disconnect(listener, sender=Run)
     assert heard == [(run.pk, ["status"])]
     assert Run.objects.get(pk=run.pk).status == "running"
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+def test_the_claims_queries_and_save_fields_on_sqlite_the_embedded_mode():
+    """SQLite has no uuid type: Django sends a UUID as its hex string, and so
+    must a compiled query's arguments (b07defc sent the UUID itself, and every
+    claim of the embedded mode failed: "not among its parameters")."""
+    tenant = Tenant.objects.using("sqlite").create(slug="embedded", name="E")
+    threads = Thread.objects.using("sqlite")
+    thread = threads.create(tenant=tenant, thread_id="t1", agent_name="refund",
+                            agent_version="1")
+    runs = Run.objects.using("sqlite")
+    first, second = (
+        runs.create(tenant=tenant, thread=thread, kind="start", agent_version="1")
+        for _ in range(2)
+    )
+    runs.filter(pk=first.pk).update(status=Run.Status.RUNNING)
+    with transaction.atomic(using="sqlite"):
+        for run in (first, second):
+            (fixed,) = execution._CLAIM_RUN(run.pk, using="sqlite")
+            (orm,) = execution._CLAIM_RUN.build(run.pk).using("sqlite")
+            assert _fields(fixed) == _fields(orm)
+            assert (fixed.behind, fixed.waiting_nodes) == (
+                orm.behind,
+                orm.waiting_nodes,
+            )
+            (locked,) = execution._CLAIM_THREAD(run.pk, using="sqlite")
+            assert locked.pk == thread.pk and locked.tenant.pk == tenant.pk
+        # The second run waits for the first: the annotations are per call.
+        assert [r.behind for r in execution._CLAIM_RUN(second.pk, using="sqlite")] == [
+            True
+        ]
+        (finish,) = execution._FINISH_RUN(first.pk, using="sqlite")
+        assert finish.next_queued == second.pk
+        assert execution._FINISH_THREAD(first.pk, using="sqlite")[0].pk == thread.pk
+        assert execution._CLAIM_THREAD(uuid.uuid4(), using="sqlite") == []
+
+        first.status, first.next_nodes, first.error = "failed", ["ask"], b"\x00sealed"
+        first.ended_at = timezone.now()
+        save_fields(first, ("status", "next_nodes", "error", "ended_at"), using="sqlite")
+        stored = runs.get(pk=first.pk)
+        assert (stored.status, stored.next_nodes, bytes(stored.error)) == (
+            "failed",
+            ["ask"],
+            b"\x00sealed",
+        )
+        assert stored.ended_at == first.ended_at
+        thread.status = "error"
+        save_fields(thread, ("status", "updated_at"), using="sqlite")
+        assert threads.get(pk=thread.pk).status == "error"
