@@ -149,7 +149,8 @@ def save_fields(
     save). The same statement and values as Model.save: each field's
     pre_save (auto_now), its prepared value, and the error of a row gone.
     Model.save itself whenever something listens to the model's pre_save or
-    post_save, or a value is an expression."""
+    post_save, the model overrides save() (its own rules are never skipped),
+    or a value is an expression."""
     model = type(obj)
     connection = connections[using]
     statement = _UPDATES.get((model, tuple(fields), connection.vendor))
@@ -159,6 +160,7 @@ def save_fields(
     if (
         not sql
         or obj._state.adding
+        or model.save is not Model.save
         or pre_save.has_listeners(model)
         or post_save.has_listeners(model)
     ):

@@ -5,6 +5,7 @@ Model.save writes."""
 import uuid
 
 import pytest
+from django.apps import apps
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.signals import post_save
@@ -196,3 +197,28 @@ def test_the_claims_queries_and_save_fields_on_sqlite_the_embedded_mode():
         thread.status = "error"
         save_fields(thread, ("status", "updated_at"), using="sqlite")
         assert threads.get(pk=thread.pk).status == "error"
+
+
+def test_save_fields_leaves_it_to_the_models_own_save_when_it_has_one():
+    """A model's save() (a guard, a validation added later) is never skipped."""
+    _, (run,) = _thread_with_runs(make_tenant(), 1)
+    saved = []
+
+    class GuardedRun(Run):
+        class Meta:
+            proxy = True
+            app_label = "runs"
+
+        def save(self, *args, **kwargs):
+            saved.append(sorted(kwargs["update_fields"]))
+            super().save(*args, **kwargs)
+
+    try:
+        guarded = GuardedRun.objects.get(pk=run.pk)
+        guarded.status = "running"
+        save_fields(guarded, ("status",))
+    finally:
+        del apps.all_models["runs"]["guardedrun"]
+        apps.clear_cache()
+    assert saved == [["status"]]
+    assert Run.objects.get(pk=run.pk).status == "running"
