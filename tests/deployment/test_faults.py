@@ -192,7 +192,9 @@ class Client:
             raw = response.read()
             answer.update(
                 status=response.status,
-                headers=dict(response.headers),
+                # Case-insensitive, as HTTP names are: uvicorn's httptools
+                # protocol sends them in lower case.
+                headers=response.headers,
                 json=json.loads(raw) if raw.startswith((b"{", b"[")) else raw,
             )
         except OSError as error:  # no answer at all: the server is gone
