@@ -11,8 +11,10 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-# Requests run their sync code on threads of their own: Postgres connections
-# come from a pool (config/settings.py, DATABASE_POOL_*), not one per thread.
+# Requests run their sync code on one thread per concurrent request, kept for
+# the next (OneHopASGIHandler): Postgres connections come from a pool
+# (config/settings.py, DATABASE_POOL_*), taken and given back per request, not
+# one held open per thread.
 os.environ.setdefault("DATABASE_POOL", "true")
 
 
@@ -62,6 +64,12 @@ class OneHopASGIHandler(ASGIHandler):
     ThreadSensitiveContext), so database connections and thread-locals behave
     as before. What a view returns to stream (an async iterator) is still
     iterated in the event loop by `send_response`, holding no thread.
+
+    A kept thread serves requests of any tenant in turn, so nothing of a
+    request may stay in its thread-locals: its connection goes back to the
+    pool at `request_finished` and no transaction outlives the view
+    (tests/deployment/test_asgi_handler.py); tenant state is never kept in a
+    threading.local (what is: runs.crypto's codecs, runs.thread_connections).
     """
 
     def __init__(self) -> None:
@@ -83,7 +91,9 @@ class OneHopASGIHandler(ASGIHandler):
                 self._idle_threads.append(thread)
             else:
                 # Beyond the threads worth keeping, or still running sync code
-                # it cannot be stopped in: the thread ends once it is done.
+                # it cannot be stopped in (asgiref waits for a cancelled call's
+                # sync code, so only when the server cancels this coroutine
+                # itself): the thread ends once it is done.
                 thread.shutdown(wait=False)
 
     async def get_response_async(self, request):

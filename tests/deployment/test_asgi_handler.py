@@ -11,8 +11,11 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.core.handlers.exception import convert_exception_to_response
+from django.db import connection, transaction
 
 from config.asgi import OneHopASGIHandler, RequestThread
+from runs.models import Tenant
 from tests.factories import make_api_key, make_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -162,3 +165,52 @@ def test_a_request_thread_is_idle_only_once_its_calls_are_done():
     finally:
         release.set()
         thread.shutdown()
+
+
+class FailingInATransaction(Recording):
+    """A view that fails inside `atomic` after a query: answered 500 by
+    Django's own conversion of an exception, as in the web process."""
+
+    def load_middleware(self, is_async=False):
+        super().load_middleware(is_async)
+
+        def chain(request):
+            with transaction.atomic():
+                Tenant.objects.exists()
+                raise RuntimeError("the view failed mid-transaction")
+
+        self._middleware_chain = convert_exception_to_response(chain)
+
+
+def kept_thread_state(app) -> tuple[bool, bool]:
+    """On the one thread kept for the next request: whether its connection
+    is closed, and whether an atomic block is still open on it."""
+    (thread,) = app._idle_threads
+
+    def state():
+        return connection.connection is None, connection.in_atomic_block
+
+    return thread.submit(state).result(timeout=5)
+
+
+def test_a_kept_thread_holds_no_connection_or_transaction_of_its_last_request():
+    """Thread-locals outlive a request on a kept thread, and the next request
+    may be another tenant's: its connection goes back to the pool and no
+    transaction stays open, after a request answered, failed or left."""
+    _, secret = make_api_key(make_tenant())
+    normal, failing, left = Recording(), FailingInATransaction(), Recording(0.3)
+
+    async def each():
+        answered = await call(
+            normal, "/api/v1/agents", {"Authorization": f"Bearer {secret}"}
+        )
+        failed = await call(failing, "/healthz")
+        gone = await call(
+            left, "/api/v1/agents", {"Authorization": f"Bearer {secret}"},
+            leave_after=0.05,
+        )
+        return answered[0], failed[0], gone[0]
+
+    assert async_to_sync(each)() == (200, 500, None)
+    for app in (normal, failing, left):
+        assert kept_thread_state(app) == (True, False), app
