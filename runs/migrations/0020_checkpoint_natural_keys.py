@@ -39,6 +39,9 @@ def forwards(apps, schema_editor):
             f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {old}"
         )
         schema_editor.execute(f"DROP TABLE {old}")
+        # A new table has no statistics until autovacuum analyzes it: the
+        # planner would guess at the largest tables meanwhile.
+        schema_editor.execute(f"ANALYZE {table}")
 
 
 def backwards(apps, schema_editor):

@@ -141,4 +141,10 @@ def test_rows_written_before_read_the_same_after(alias):
                 "= 'id' AND table_name IN ('runs_checkpoint', 'runs_pendingwrite')"
             )
             assert cursor.fetchone() == (0,)
+            # The rebuilt tables are analyzed, not left without statistics
+            # until autovacuum gets to them.
+            cursor.execute(
+                "SELECT count(*) FROM pg_stats WHERE tablename = 'runs_pendingwrite'"
+            )
+            assert cursor.fetchone()[0] > 0
     assert 16 in lengths
