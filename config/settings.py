@@ -192,9 +192,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 elif env.bool("DATABASE_POOL", default=False):
     # The web process (config/asgi.py turns this on) runs each request's sync
-    # code on a thread of its own: a connection kept per thread would leak, so
-    # connections come from a psycopg pool, one per process, and go back to it
-    # at the end of every request. Persistent connections are off with a pool.
+    # code on one thread per concurrent request, kept for the next ones: a
+    # connection kept per thread would hold one open per thread, idle between
+    # requests, so connections come from a psycopg pool, one per process, and
+    # go back to it at the end of every request. Persistent connections are
+    # off with a pool.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": env.int("DATABASE_POOL_MIN_SIZE", default=2),
