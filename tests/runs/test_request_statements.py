@@ -61,7 +61,7 @@ def test_following_a_run_reads_it_no_second_time():
     ).json()["run_id"]
     view = ProtocolView()
     view.request = type("R", (), {"principal": type("P", (), {"tenant": tenant})})()
-    run = view.run(view.thread("t-2"), run_id)
+    run = view.run("t-2", run_id)
     with CaptureQueriesContext(connection) as captured:
         relay._open(relay.Target.of(run, Actor.system("tests")), "join")
     sql = [q["sql"] for q in captured.captured_queries]
