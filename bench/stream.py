@@ -89,11 +89,21 @@ def configure(redis_db: int) -> None:
 
 
 def recreate_database() -> None:
+    """Drops (with its sessions) and creates DB_NAME: only a benchmark's
+    database, so a mistaken GATEHOUSE_BENCH_STREAM_DB (say, the real
+    database's name) is refused, not dropped."""
     import psycopg
+    from psycopg import sql
 
+    if "bench" not in DB_NAME:
+        sys.exit(
+            f"GATEHOUSE_BENCH_STREAM_DB={DB_NAME!r}: the database is dropped and "
+            "created again, so its name must contain 'bench'"
+        )
+    name = sql.Identifier(DB_NAME)
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
 
 
 def free_port() -> int:
