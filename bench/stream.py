@@ -127,8 +127,6 @@ def start(command: list[str], name: str) -> subprocess.Popen:
 def start_platform(
     web_workers: int, run_workers: int, worker_concurrency: int = 1
 ) -> tuple[str, list]:
-    import httpx
-
     port = free_port()
     processes = [
         start(
@@ -168,18 +166,27 @@ def start_platform(
             )
         )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the web server did not start")
-        time.sleep(0.2)
-    time.sleep(5)  # let the workers connect to the broker
+    wait_until_up([url])
     return url, processes
+
+
+def wait_until_up(urls: list[str]) -> None:
+    """Until each web server answers /healthz (a minute at most), then the
+    time the workers take to connect to the broker."""
+    import httpx
+
+    deadline = time.monotonic() + 60
+    for url in urls:
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the web server at {url} did not start")
+            time.sleep(0.2)
+    time.sleep(5)
 
 
 def stop(processes) -> None:

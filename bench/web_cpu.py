@@ -195,8 +195,6 @@ def top_functions(raw: Path, count: int = 40) -> str:
 def start_platform(apps: list[str]) -> tuple[list[str], list]:
     """A web server (gunicorn, one uvicorn worker) per application, and one
     Celery worker process (prefork, concurrency 1) serving them all."""
-    import httpx
-
     ports = [stream.free_port() for _ in apps]
     processes = []
     for index, (spec, port) in enumerate(zip(apps, ports, strict=True)):
@@ -234,18 +232,7 @@ def start_platform(apps: list[str]) -> tuple[list[str], list]:
         )
     )
     urls = [f"http://127.0.0.1:{port}" for port in ports]
-    deadline = time.monotonic() + 60
-    for url in urls:
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("a web server did not start")
-            time.sleep(0.2)
-    time.sleep(5)  # let the worker connect to the broker
+    stream.wait_until_up(urls)
     return urls, processes
 
 
