@@ -300,17 +300,18 @@ def _the_run(rows: list[Run]) -> Run:
 
 def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
     """Take the run if it is this worker's to execute; None otherwise."""
+    run_pk = uuid.UUID(str(run_id))  # the compiled queries take a UUID
     with transaction.atomic():
         # Lock order everywhere: thread, then its runs (FOR NO KEY UPDATE:
         # see approvals.services.lifecycle for why never plain FOR UPDATE).
         # The run's thread is found inside the locking query: one round trip.
-        thread = _first(_CLAIM_THREAD(uuid.UUID(str(run_id))))
+        thread = _first(_CLAIM_THREAD(run_pk))
         if thread is None:
             return None
         # With the thread locked no run of it changes (every writer locks the
         # thread first): what the run waits for, and what a resume must find
         # in the graph, are read with it, in its statement.
-        run = _the_run(_CLAIM_RUN(uuid.UUID(str(run_id))))
+        run = _the_run(_CLAIM_RUN(run_pk))
         run.thread = thread  # the locked row, for whatever reads run.thread
         now = timezone.now()
         recovered_from = ""
@@ -560,13 +561,14 @@ def _end_event(run: Run, outcome: Outcome, error: BaseException | None) -> dict:
 def _finish(
     run_id: str, owner: str, outcome: Outcome, publisher: streaming.Publisher
 ) -> None:
+    run_pk = uuid.UUID(str(run_id))  # the compiled queries take a UUID
     with transaction.atomic():
-        thread = _first(_FINISH_THREAD(uuid.UUID(str(run_id))))
+        thread = _first(_FINISH_THREAD(run_pk))
         if thread is None:
             return  # deleted while running: nothing left to record
         # The thread's next queued run read with it (see _claim: with the
         # thread locked, none is queued meanwhile).
-        run = _the_run(_FINISH_RUN(uuid.UUID(str(run_id))))
+        run = _the_run(_FINISH_RUN(run_pk))
         run.thread = thread  # the locked row: receivers read run.thread
         if run.lease_owner != owner or run.status != Run.Status.RUNNING:
             logger.warning(

@@ -93,13 +93,13 @@ def locked_pending(
     transaction: of concurrent callers one goes ahead, the others wait and
     then see what the first one did. `already_locked`: `approval` was read locked in
     this transaction already (with its tenant), and is not read again."""
+    locked = approval
     if not already_locked:
-        approval = (
+        locked = (
             ApprovalRequest.objects.select_related("tenant")
             .select_for_update(of=("self",), no_key=True)
             .get(pk=approval.pk)
         )
-    locked = approval
     if not locked.is_pending:
         raise StateConflict(
             f"this request is already {locked.status}", code="already_decided"
