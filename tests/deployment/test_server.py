@@ -10,6 +10,7 @@ import http.client
 import io
 import re
 import signal
+import socket
 import subprocess
 from http.cookies import SimpleCookie
 from urllib.parse import urlencode
@@ -167,3 +168,42 @@ def test_audit_export_streams_through_the_server(server):
     assert status == 200 and headers["Transfer-Encoding"] == "chunked"
     rows = list(csv.DictReader(io.StringIO(body.decode())))
     assert [int(row["seq"]) for row in rows] == list(range(1, seqs[-1] + 1))
+
+
+def _raw_exchange(server, request: bytes) -> list[int]:
+    """The statuses of every response the server sends to `request` written
+    as is on one connection, until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(request)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return [int(status) for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", received)]
+
+
+# Closes the connection after its answer, so the exchange ends.
+HIDDEN = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        # Content-Length and chunked together: a proxy that believes one and a
+        # server that believes the other disagree on where the request ends.
+        b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        # Two lengths that disagree.
+        b"Content-Length: 0\r\nContent-Length: 5\r\n\r\n",
+        # A transfer coding that is not chunked, beside a length.
+        b"Transfer-Encoding: xchunked\r\nContent-Length: 0\r\n\r\n",
+    ],
+    ids=["length-and-chunked", "two-lengths", "unknown-coding"],
+)
+def test_ambiguous_request_framing_is_refused_and_nothing_is_smuggled(server, framing):
+    """Request smuggling through the HTTP parser (httptools): a request whose
+    end is ambiguous gets a 400 and the connection is closed, so the request
+    behind it is never answered."""
+    post = b"POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    assert _raw_exchange(server, post + framing + HIDDEN) == [400]
+    # The control: with honest framing, the request behind is answered.
+    honest = b"Content-Length: 0\r\n\r\n"
+    assert _raw_exchange(server, post + honest + HIDDEN) == [405, 200]
