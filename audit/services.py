@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import DataError, connection, models, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -110,6 +110,43 @@ def _next_seq(tenant_id: int, now: datetime.datetime) -> tuple[int, datetime.dat
     raise RuntimeError(f"no audit sequence row for tenant {tenant_id}")
 
 
+def _event(
+    *,
+    tenant: Tenant,
+    kind: events.EventKind,
+    actor: Actor,
+    thread_id: str,
+    run_id: str,
+    action: str,
+    data: dict[str, Any] | None,
+) -> AuditEvent:
+    """The unsaved event, its data checked (see record)."""
+    declared = events.get(kind.name)
+    cleaned = clean_data(data or {})
+    run_id = str(run_id) if run_id else ""
+    context = {
+        "thread_id": thread_id,
+        "run_id": run_id,
+        "action": action,
+        "actor": actor.label,
+        **cleaned,
+    }
+    summary = declared.summarise(**context)
+    return AuditEvent(
+        tenant=tenant,
+        actor_type=actor.type,
+        actor_id=str(actor.id)[:64],
+        actor_label=actor.label[:200],
+        actor_on_behalf_of=actor.on_behalf_of[:200],
+        kind=declared.name,
+        thread_id=thread_id,
+        run_id=run_id,
+        action=action[:100],
+        summary=summary[:500],
+        data=cleaned,
+    )
+
+
 def record(
     *,
     tenant: Tenant,
@@ -126,45 +163,109 @@ def record(
     locked until that transaction commits. `data` must follow the rule on
     personal data in audit/events.py; a breach raises ValueError.
     """
-    declared = events.get(kind.name)
-    cleaned = clean_data(data or {})
-    run_id = str(run_id) if run_id else ""
-    context = {
-        "thread_id": thread_id,
-        "run_id": run_id,
-        "action": action,
-        "actor": actor.label,
-        **cleaned,
-    }
-    summary = declared.summarise(**context)
-    event = AuditEvent(
+    event = _event(
         tenant=tenant,
-        actor_type=actor.type,
-        actor_id=str(actor.id)[:64],
-        actor_label=actor.label[:200],
-        actor_on_behalf_of=actor.on_behalf_of[:200],
-        kind=declared.name,
+        kind=kind,
+        actor=actor,
         thread_id=thread_id,
         run_id=run_id,
-        action=action[:100],
-        summary=summary[:500],
-        data=cleaned,
+        action=action,
+        data=data,
     )
     # No savepoint of its own: an event that cannot be written must undo what
     # it records, so its failure is the caller's transaction's failure.
     with transaction.atomic(savepoint=False):
-        if connection.vendor == "postgresql":
-            _insert_sequenced(event, timezone.now())
-        else:
-            event.seq, event.occurred_at = _next_seq(tenant.pk, timezone.now())
-            event.save(force_insert=True)
-        batch = _announcing()
-        event._announced_with = batch
-        # Every event registers the close: whichever savepoint rolls back,
-        # the commit that announces it ends its batch first.
-        transaction.on_commit(batch.close)
-        transaction.on_commit(partial(announce_event, event), robust=True)
+        _insert(event)
     return event
+
+
+def _insert(event: AuditEvent) -> None:
+    """Number and insert the event, in the caller's transaction."""
+    if connection.vendor == "postgresql":
+        _insert_sequenced(event, timezone.now())
+    else:
+        event.seq, event.occurred_at = _next_seq(event.tenant_id, timezone.now())
+        event.save(force_insert=True)
+    _announce_on_commit(event)
+
+
+def _announce_on_commit(event: AuditEvent) -> None:
+    batch = _announcing()
+    event._announced_with = batch
+    # Every event registers the close: whichever savepoint rolls back,
+    # the commit that announces it ends its batch first.
+    transaction.on_commit(batch.close)
+    transaction.on_commit(partial(announce_event, event), robust=True)
+
+
+def record_with_write(
+    write: str,
+    params: Sequence[Any],
+    *,
+    tenant: Tenant,
+    kind: events.EventKind,
+    actor: Actor,
+    thread_id: str = "",
+    run_id: str = "",
+    action: str = "",
+    data: dict[str, Any] | None = None,
+) -> tuple[AuditEvent | None, list[tuple]]:
+    """Run `write` (an INSERT, UPDATE or DELETE with a RETURNING clause) and
+    record the event it is about, atomically, if it returned a row: the event
+    and the rows it returned; (None, []) if it returned none, when nothing is
+    written and no number is used.
+
+    On Postgres one statement does both (the write, then the bump of the
+    tenant's sequence and the event's insert, as record() does them): in
+    autocommit that is one round trip where a transaction of its own costs
+    four (BEGIN, the write, the event, COMMIT). In a caller's transaction
+    (and on SQLite) the write and then the event, as record() would: it holds
+    the sequence row until the transaction ends, so call it last there.
+    """
+    event = _event(
+        tenant=tenant,
+        kind=kind,
+        actor=actor,
+        thread_id=thread_id,
+        run_id=run_id,
+        action=action,
+        data=data,
+    )
+    if connection.vendor != "postgresql" or not connection.get_autocommit():
+        # In a transaction (or on SQLite): the write, then record(), which
+        # also creates the tenant's sequence row at its first event.
+        with transaction.atomic(savepoint=False):
+            with connection.cursor() as cursor:
+                cursor.execute(write, params)
+                rows = cursor.fetchall()
+            if not rows:
+                return None, []
+            _insert(event)
+        return event, rows
+    sql, fields = _write_and_insert_sequenced_statement(write)
+    params = [*params, *_sequenced_params(event, timezone.now(), fields)]
+    for _attempt in range(2):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+        except DataError as error:
+            if not _no_sequence_row(error):
+                raise
+            # The tenant's first event: the statement failed whole rather
+            # than write without its event. As in _next_seq.
+            AuditSequence.objects.bulk_create(
+                [AuditSequence(tenant_id=tenant.pk)], ignore_conflicts=True
+            )
+            continue
+        if not rows:
+            return None, []
+        event.pk, event.seq, event.occurred_at = rows[0][:3]
+        event._state.adding = False
+        event._state.db = connection.alias
+        _announce_on_commit(event)
+        return event, [row[4:] for row in rows]
+    raise RuntimeError(f"no audit sequence row for tenant {tenant.pk}")
 
 
 class _Batch:
@@ -205,25 +306,80 @@ def once_per_commit(event: AuditEvent, key: Any, compute: Callable[[], Any]) -> 
     return batch.memo[key]
 
 
-@cache
-def _insert_sequenced_statement() -> tuple[str, tuple[models.Field, ...]]:
-    fields = tuple(
+def _sequenced_fields() -> tuple[models.Field, ...]:
+    return tuple(
         f
         for f in AuditEvent._meta.concrete_fields
         if f.name not in ("id", "seq", "occurred_at")
     )
-    ops = connection.ops
-    columns = ", ".join(ops.quote_name(f.column) for f in fields)
+
+
+# The bump of the tenant's sequence (the row stays locked until commit, the
+# time never goes back) and the insert reading from it, as CTEs `s` and the
+# statement's end; `{when}` adds a condition to the bump.
+_BUMP = (
+    "s AS (UPDATE {sequences} SET last_seq = last_seq + 1, "
+    "last_at = GREATEST(last_at, %s) WHERE tenant_id = %s{when} "
+    "RETURNING last_seq, last_at)"
+)
+_INSERT = (
+    "INSERT INTO {events} (seq, occurred_at, {columns}) "
+    "SELECT s.last_seq, s.last_at, {values} FROM s "
+    "RETURNING id, seq, occurred_at"
+)
+
+
+def _sequenced_parts(when: str = "") -> tuple[str, str, tuple[models.Field, ...]]:
+    fields = _sequenced_fields()
+    quote = connection.ops.quote_name
+    bump = _BUMP.format(sequences=quote(AuditSequence._meta.db_table), when=when)
+    insert = _INSERT.format(
+        events=quote(AuditEvent._meta.db_table),
+        columns=", ".join(quote(f.column) for f in fields),
+        values=", ".join(["%s"] * len(fields)),
+    )
+    return bump, insert, fields
+
+
+@cache
+def _insert_sequenced_statement() -> tuple[str, tuple[models.Field, ...]]:
+    bump, insert, fields = _sequenced_parts()
+    return f"WITH {bump} {insert}", fields
+
+
+# A division by zero, in the statement's result, where the write returned
+# rows and no event was inserted (the tenant has no sequence row yet): the
+# statement fails whole instead of writing without its event.
+_NO_SEQUENCE_ROW = "1 / (e.id IS NOT NULL)::int"
+
+
+@cache
+def _write_and_insert_sequenced_statement(
+    write: str,
+) -> tuple[str, tuple[models.Field, ...]]:
+    """`write` as CTE `w`; the bump only if it returned a row (a write that
+    changed nothing uses no number); the event's columns, a check, and the
+    write's rows."""
+    bump, insert, fields = _sequenced_parts(when=" AND EXISTS (SELECT 1 FROM w)")
     sql = (
-        f"WITH s AS (UPDATE {ops.quote_name(AuditSequence._meta.db_table)} "
-        "SET last_seq = last_seq + 1, last_at = GREATEST(last_at, %s) "
-        "WHERE tenant_id = %s RETURNING last_seq, last_at) "
-        f"INSERT INTO {ops.quote_name(AuditEvent._meta.db_table)} "
-        f"(seq, occurred_at, {columns}) "
-        f"SELECT s.last_seq, s.last_at, {', '.join(['%s'] * len(fields))} FROM s "
-        "RETURNING id, seq, occurred_at"
+        f"WITH w AS ({write}), {bump}, e AS ({insert}) "
+        f"SELECT e.id, e.seq, e.occurred_at, {_NO_SEQUENCE_ROW}, w.* "
+        "FROM w LEFT JOIN e ON true"
     )
     return sql, fields
+
+
+def _no_sequence_row(error: DataError) -> bool:
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) == "22012"  # division_by_zero
+
+
+def _sequenced_params(
+    event: AuditEvent, now: datetime.datetime, fields: tuple[models.Field, ...]
+) -> list[Any]:
+    return [now, event.tenant_id] + [
+        f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields
+    ]
 
 
 def _insert_sequenced(event: AuditEvent, now: datetime.datetime) -> None:
@@ -234,9 +390,7 @@ def _insert_sequenced(event: AuditEvent, now: datetime.datetime) -> None:
     per event instead of two.
     """
     sql, fields = _insert_sequenced_statement()
-    params = [now, event.tenant_id] + [
-        f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields
-    ]
+    params = _sequenced_params(event, now, fields)
     for _attempt in range(2):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)

@@ -151,6 +151,24 @@ def save_fields(
     Model.save itself whenever something listens to the model's pre_save or
     post_save, the model overrides save() (its own rules are never skipped),
     or a value is an expression."""
+    statement = update_statement(obj, fields, using=using)
+    if statement is None:
+        obj.save(update_fields=fields, using=using)
+        return
+    sql, params = statement
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.rowcount == 0:
+            raise DatabaseError("Save with update_fields did not affect any rows.")
+
+
+def update_statement(
+    obj: Model, fields: Sequence[str], *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[str, list[Any]] | None:
+    """The UPDATE (SQL and parameters) that save_fields runs, for a caller
+    that runs it as part of a statement of its own; None where only
+    Model.save may save the fields (see save_fields). Calls the fields'
+    pre_save, as saving does."""
     model = type(obj)
     connection = connections[using]
     statement = _UPDATES.get((model, tuple(fields), connection.vendor))
@@ -164,21 +182,16 @@ def save_fields(
         or pre_save.has_listeners(model)
         or post_save.has_listeners(model)
     ):
-        obj.save(update_fields=fields, using=using)
-        return
+        return None
     values = [field.pre_save(obj, False) for field in targets]
     if any(hasattr(value, "resolve_expression") for value in values):
-        obj.save(update_fields=fields, using=using)
-        return
+        return None
     params = [
         field.get_db_prep_save(value, connection)
         for field, value in zip(targets, values, strict=True)
     ]
     params.append(model._meta.pk.get_db_prep_value(obj.pk, connection))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        if cursor.rowcount == 0:
-            raise DatabaseError("Save with update_fields did not affect any rows.")
+    return sql, params
 
 
 _UPDATES: dict[tuple, tuple[str, tuple[Field, ...]]] = {}

@@ -39,18 +39,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import DatabaseError, router, transaction
 from django.db.models import sql
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from audit import events
 from audit.redaction import describe
-from audit.services import Actor, record
+from audit.services import Actor, record, record_with_write
 from runs import thread_connections
 from runs.context import current_step, step_key
 from runs.crypto import ThreadCipher
-from runs.fixed_queries import save_fields
+from runs.fixed_queries import update_statement
 from runs.models import Thread, ToolCall
 
 
@@ -227,38 +227,43 @@ class Ledger:
             self._succeeded(result)
             return result
 
+    def _event_fields(self, kind: events.EventKind, **data: Any) -> dict[str, Any]:
+        return {
+            "tenant": self.thread.tenant,
+            "kind": kind,
+            "actor": Actor.agent(self.thread.agent_name),
+            "thread_id": self.thread.thread_id,
+            "run_id": self.run_id,
+            "action": self.tool,
+            "data": {**self.audit, **data},
+        }
+
     def _event(self, kind: events.EventKind, **data: Any) -> None:
-        record(
-            tenant=self.thread.tenant,
-            kind=kind,
-            actor=Actor.agent(self.thread.agent_name),
-            thread_id=self.thread.thread_id,
-            run_id=self.run_id,
-            action=self.tool,
-            data={**self.audit, **data},
-        )
+        record(**self._event_fields(kind, **data))
 
     def _begin(self, fields: dict[str, Any]) -> tuple[bool, Any]:
         """Record a new attempt `started`; (True, result) if a success is
         recorded already."""
         now = timezone.now()
+        if self.row is None:
+            row = ToolCall(
+                tenant=self.thread.tenant,
+                thread=self.thread,
+                idempotency_key=self.key,
+                tool=self.tool,
+                status=ToolCall.Status.STARTED,
+                run_id=self.run_id,
+                attempt_log=[_attempt_entry(1, now)],
+                started_at=now,
+                **fields,
+            )
+            if _insert_new(
+                row, self._event_fields(events.TOOL_CALL_STARTED, attempt=1)
+            ):
+                self.row = row
+                return False, None
         with transaction.atomic():
             if self.row is None:
-                row = ToolCall(
-                    tenant=self.thread.tenant,
-                    thread=self.thread,
-                    idempotency_key=self.key,
-                    tool=self.tool,
-                    status=ToolCall.Status.STARTED,
-                    run_id=self.run_id,
-                    attempt_log=[_attempt_entry(1, now)],
-                    started_at=now,
-                    **fields,
-                )
-                if _insert_new(row):
-                    self.row = row
-                    self._event(events.TOOL_CALL_STARTED, attempt=1)
-                    return False, None
                 self.row = ToolCall.objects.select_for_update(no_key=True).get(
                     thread=self.thread, idempotency_key=self.key
                 )
@@ -291,36 +296,51 @@ class Ledger:
         error_type = type(error).__name__[:200]
         self._finish_attempt("timed_out" if timed_out else "failed", error_type)
         row.status, row.error_type = ToolCall.Status.FAILED, error_type
-        with transaction.atomic():
-            row.save(
-                update_fields=["status", "error_type", "finished_at", "attempt_log"]
-            )
-            self._event(
+        self._save_recorded(
+            ("status", "error_type", "finished_at", "attempt_log"),
+            self._event_fields(
                 events.TOOL_CALL_FAILED,
                 attempt=row.attempts,
                 error_type=error_type,
                 retry_in=wait,
                 then="giving up" if wait is None else f"retrying in {wait:g}s",
-            )
+            ),
+        )
 
     def _succeeded(self, result: Any) -> None:
         row = self.row
         self._finish_attempt("succeeded")
         row.status, row.error_type = ToolCall.Status.SUCCEEDED, ""
         row.result = self.seal("tool-result", result)
-        with transaction.atomic():
-            save_fields(
-                row, ("status", "error_type", "result", "finished_at", "attempt_log")
-            )
-            self._event(self.succeeded_kind, attempt=row.attempts)
+        self._save_recorded(
+            ("status", "error_type", "result", "finished_at", "attempt_log"),
+            self._event_fields(self.succeeded_kind, attempt=self.row.attempts),
+        )
+
+    def _save_recorded(self, fields: tuple[str, ...], event: dict[str, Any]) -> None:
+        """Save the row's `fields` and record `event`, atomically: one
+        statement (audit.services.record_with_write) where it can be."""
+        row = self.row
+        statement = update_statement(row, fields)
+        if statement is None:
+            with transaction.atomic():
+                row.save(update_fields=fields)
+                record(**event)
+            return
+        sql, params = statement
+        recorded, _ = record_with_write(f"{sql} RETURNING 1", params, **event)
+        if recorded is None:
+            raise DatabaseError("Save with update_fields did not affect any rows.")
 
 
-def _insert_new(row: ToolCall) -> bool:
-    """Insert the ledger row unless its key is there already (INSERT ... ON
-    CONFLICT DO NOTHING RETURNING id): False if it is. One statement, where
-    catching the unique violation would cost a savepoint and its release.
-    Like the plain insert, it waits for a concurrent transaction inserting
-    the same key, and then sees its row."""
+def _insert_new(row: ToolCall, event: dict[str, Any]) -> bool:
+    """Insert the ledger row, with `event`, unless its key is there already
+    (INSERT ... ON CONFLICT DO NOTHING RETURNING id): False if it is, and
+    then nothing is recorded. One statement for the row and its event where
+    catching the unique violation would cost a savepoint and its release,
+    and a transaction of their own its BEGIN and COMMIT. Like the plain
+    insert, it waits for a concurrent transaction inserting the same key,
+    and then sees its row."""
     using = router.db_for_write(ToolCall)
     query = sql.InsertQuery(ToolCall, on_conflict=OnConflict.IGNORE)
     query.insert_values(
@@ -330,12 +350,10 @@ def _insert_new(row: ToolCall) -> bool:
     compiler = query.get_compiler(using=using)
     compiler.returning_fields = [ToolCall._meta.pk]
     [(statement, params)] = compiler.as_sql()
-    with connections[using].cursor() as cursor:
-        cursor.execute(statement, params)
-        inserted = cursor.fetchone()
-    if inserted is None:
+    _, inserted = record_with_write(statement, params, **event)
+    if not inserted:
         return False
-    row.pk = inserted[0]
+    row.pk = inserted[0][0]
     row._state.adding, row._state.db = False, using
     return True
 

@@ -1,0 +1,102 @@
+"""What a worker asks of Postgres for one refund run, on its own connection:
+the claim, each side effect's ledger writes, the finish.
+
+The test is the worker: it executes the runs in this process
+(runs.execution.execute), so that its statements can be counted. No task is
+sent to the broker, where a worker another test module left running would
+take the run first. The checkpoint store writes on LangGraph's executor
+threads (their connections are not counted here: bench/peers.py counts
+everything)."""
+
+import pytest
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.test.utils import CaptureQueriesContext
+
+from audit.models import AuditEvent
+from runs import dispatch, execution
+from runs.models import Run, ToolCall
+from tests.factories import tenant_with_client
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REFUND_INPUT = {
+    "customer_message": "My blender arrived damaged, please refund me.",
+    "order": {"id": "A-1001", "amount": "40.00", "currency": "EUR"},
+}
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """The runs queued for a worker, in order, instead of sent to the broker."""
+    runs: list[str] = []
+    monkeypatch.setattr(dispatch, "run_dispatch", lambda run_id: runs.append(run_id))
+    return runs
+
+
+class _Transactions:
+    """Commits on this process's main connection, counted."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.count = 0
+        wrapper = connections[DEFAULT_DB_ALIAS]  # this thread's
+        commit = wrapper._commit
+
+        def counted():
+            self.count += 1
+            return commit()
+
+        monkeypatch.setattr(wrapper, "_commit", counted)
+
+
+def _statements(queries, verb: str, table: str) -> list[str]:
+    return [
+        q["sql"]
+        for q in queries
+        if q["sql"].startswith(verb) and f'"{table}"' in q["sql"].split("SET")[0]
+    ]
+
+
+def test_a_side_effects_ledger_writes_are_each_one_statement_with_its_event(
+    dispatched, monkeypatch
+):
+    tenant, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t-1", "agent": "refund"}, format="json"
+    )
+    client.post("/api/v1/threads/t-1/runs", {"input": REFUND_INPUT}, format="json")
+    execution.execute(dispatched.pop())
+    approval_id = client.get("/api/v1/threads/t-1").json()["pending_approvals"][0]
+    decided = client.post(
+        f"/api/v1/approvals/{approval_id}/decision",
+        {"approved": True, "reviewer": "rita"},
+        format="json",
+    )
+    resumed = decided.json()["resumed_run"]["run_id"]
+
+    transactions = _Transactions(monkeypatch)
+    with CaptureQueriesContext(connection) as captured:
+        execution.execute(dispatched.pop())
+    assert Run.objects.get(pk=resumed).status == Run.Status.SUCCEEDED
+    queries = captured.captured_queries
+
+    # Two calls (the refund, the customer's message), each `started` then
+    # `succeeded`: each write with its event in one statement, outside any
+    # transaction of its own.
+    ledger = [q["sql"] for q in queries if '"runs_toolcall"' in q["sql"]]
+    assert len(ledger) == 4, ledger
+    assert all(
+        sql.startswith("WITH w AS") and '"audit_auditevent"' in sql for sql in ledger
+    ), ledger
+    # The claim, the finish, and the downstream systems' own inserts (the
+    # demo's payment provider and outbox): nothing for the ledger.
+    assert transactions.count == 4
+    assert not [q for q in queries if q["sql"].startswith("SAVEPOINT")]
+    assert (
+        sorted(
+            AuditEvent.objects.filter(
+                run_id=resumed, kind__startswith="tool_call."
+            ).values_list("kind", flat=True)
+        )
+        == ["tool_call.started"] * 2 + ["tool_call.succeeded"] * 2
+    )
+    assert set(ToolCall.objects.values_list("status", flat=True)) == {"succeeded"}
