@@ -160,7 +160,13 @@ def require_no_open_request(thread: Thread, doing: str) -> None:
         )
 
 
-def check_resume(*, thread: Thread, graph, resume: Any) -> None:
+def check_resume(
+    *,
+    thread: Thread,
+    graph,
+    resume: Any,
+    settled: Mapping[str, Any] | None = None,
+) -> None:
     """Refuse a resume that would continue a gate other than with the value
     its request was decided with.
 
@@ -171,6 +177,13 @@ def check_resume(*, thread: Thread, graph, resume: Any) -> None:
     task's next interrupt with a value keyed by its first one's id, so the
     value of a settled gate, keyed by its id, would answer the next gate of
     the same node.
+
+    `settled`: {interrupt id: resume value} of the requests the caller
+    settled in this transaction, holding their rows and the thread's locked
+    (the decision that resumes the run): what the gatekeeper would answer for
+    those interrupts, so they are not read back. The pending interrupts are
+    read from the checkpoint all the same: the rule holds for a value that
+    names an interrupt the thread no longer waits on.
     """
     pending = {
         interrupt.id: interrupt.value
@@ -185,7 +198,9 @@ def check_resume(*, thread: Thread, graph, resume: Any) -> None:
     else:
         values = {interrupt_id: resume for interrupt_id in pending}
     keeper = gatekeeper()
-    decided = keeper.decided_resumes(thread, list(values))
+    settled = settled or {}
+    asked = [interrupt_id for interrupt_id in values if interrupt_id not in settled]
+    decided = {**(keeper.decided_resumes(thread, asked) if asked else {}), **settled}
     blocked = [
         interrupt_id
         for interrupt_id, value in values.items()

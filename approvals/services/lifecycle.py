@@ -165,14 +165,17 @@ def approval_resolve(
     caller's transaction: settled first, since the gate opens only for the
     value stored with it. A run of the thread still executing is queued
     behind, so no decision is lost. `thread_locked`: the request came from
-    `locked_pending`, whose thread is locked and current."""
+    `locked_pending`, whose thread is locked and current. The gate is told
+    the value just settled (`settled`) rather than reading it back."""
     approval_settle(approval=approval, status=status, resume_value=value)
     resume = run_resume_locked if thread_locked else run_resume
+    answer = {approval.interrupt_id: value}
     return resume(
         thread=approval.thread,
-        resume={approval.interrupt_id: value},
+        resume=answer,
         actor=actor,
         behind_active_run=True,
+        settled=answer,
     )
 
 

@@ -8,6 +8,7 @@ dispatches the next.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,6 +303,7 @@ def run_resume(
     options: RunOptions | None = None,
     agent: str | None = None,
     version: str | None = None,
+    settled: Mapping[str, Any] | None = None,
 ) -> Run:
     """Resume an interrupted thread with LangGraph's resume value.
 
@@ -310,7 +312,7 @@ def run_resume(
     `behind_active_run` is for approval decisions: a decision that arrives
     while a run of the thread still executes is queued behind it instead of
     refused, so no decision is ever lost. `agent` and `version`, when given,
-    must be the thread's.
+    must be the thread's. `settled`: see run_resume_locked.
     """
     return run_resume_locked(
         thread=_lock(thread),
@@ -320,6 +322,7 @@ def run_resume(
         options=options,
         agent=agent,
         version=version,
+        settled=settled,
     )
 
 
@@ -332,11 +335,14 @@ def run_resume_locked(
     options: RunOptions | None = None,
     agent: str | None = None,
     version: str | None = None,
+    settled: Mapping[str, Any] | None = None,
 ) -> Run:
     """`run_resume` in the caller's transaction, which holds the thread's row
     locked (FOR NO KEY UPDATE) and read it, with its tenant, after the lock:
     no second read of the row, no savepoint of its own. A caller that must
-    go on after a refusal puts a savepoint around it."""
+    go on after a refusal puts a savepoint around it. `settled`: the resume
+    values of approval requests the caller settled in this transaction
+    (runs.gates.check_resume)."""
     if thread.deleted_at is not None:
         raise Thread.DoesNotExist(f"thread {thread.thread_id} was deleted")
     _bind_agent(thread, agent, version)
@@ -356,7 +362,7 @@ def run_resume_locked(
     graph = compiled(spec, thread.tenant)
     if not active:
         ensure_nodes_exist(graph, selectors.waiting_nodes(thread), key=spec.key)
-    gates.check_resume(thread=thread, graph=graph, resume=resume)
+    gates.check_resume(thread=thread, graph=graph, resume=resume, settled=settled)
     return _queue(
         thread=thread,
         kind=Run.Kind.RESUME,

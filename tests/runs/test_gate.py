@@ -4,6 +4,8 @@ called directly (management commands, the Agent Protocol API). Executed by a
 real worker against the refund agent and its demo payments provider."""
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest
@@ -114,6 +116,51 @@ def test_a_service_called_directly_cannot_resume_a_gate(worker):
         )
     assert refused.value.approval_ids == [str(request.pk)]
     assert_gate_held(request, tenant)
+
+
+def test_a_value_given_as_settled_opens_no_gate_the_thread_does_not_wait_on(worker):
+    """`settled` (a decision's own value, not read back) names interrupts;
+    one the thread does not wait on makes the value a raw resume of the
+    gate it does wait on, which is refused."""
+    tenant = make_tenant()
+    request, _ = waiting_refund(tenant)
+    elsewhere = {"0" * 32: {**APPROVED, "approval_id": str(request.pk)}}
+    with pytest.raises(ApprovalRequired) as refused:
+        services.run_resume(
+            thread=request.thread,
+            resume=elsewhere,
+            actor=Actor.system("manage.py"),
+            behind_active_run=True,
+            settled=elsewhere,
+        )
+    assert refused.value.approval_ids == [str(request.pk)]
+    assert_gate_held(request, tenant)
+
+
+def test_a_decision_resumes_its_gate_without_reading_its_value_back(worker):
+    """The decision settles the request and resumes the gate in one
+    transaction: the request is read once (locked), the checkpoint's pending
+    interrupts are checked, and the run gets past the gate."""
+    tenant = make_tenant()
+    request, _ = waiting_refund(tenant, amount="40.00")  # one approval settles it
+    client = key_client(tenant, ["approvals", "runs"])
+    with CaptureQueriesContext(connection) as captured:
+        decided = client.post(
+            f"/api/v1/approvals/{request.pk}/decision",
+            {"approved": True, "reviewer": "ops"},
+            format="json",
+        )
+    assert decided.status_code == 200, decided.content
+    reads = [
+        q["sql"]
+        for q in captured.captured_queries
+        if q["sql"].startswith("SELECT")
+        and 'FROM "approvals_approvalrequest"' in q["sql"]
+    ]
+    assert len(reads) == 1, reads
+    run_id = decided.json()["resumed_run"]["run_id"]
+    wait_run(client, "case-1", run_id, "succeeded")
+    assert DemoPayment.objects.for_tenant(tenant).count() == 1
 
 
 def test_raw_resume_of_an_input_interrupt_resumes_it(worker):
