@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any
 
-from django.db import DataError, connection, models, transaction
+from django.db import DatabaseError, DataError, connection, models, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -71,6 +71,12 @@ class Actor:
     @classmethod
     def agent(cls, name: str) -> Actor:
         return cls(type=ActorType.AGENT, id=name, label=f"agent {name}")
+
+
+# The tenants whose sequence row this process saw committed: the row is
+# never deleted (it PROTECTs its tenant), so a statement in a transaction
+# may rely on it being there (record_with_write).
+_SEQUENCED: set[int] = set()
 
 
 def _next_seq(tenant_id: int, now: datetime.datetime) -> tuple[int, datetime.datetime]:
@@ -198,10 +204,11 @@ def _announce_on_commit(event: AuditEvent) -> None:
     transaction.on_commit(partial(announce_event, event), robust=True)
 
 
+Write = tuple[str, Sequence[Any]]
+
+
 def record_with_write(
-    write: str,
-    params: Sequence[Any],
-    *,
+    *writes: Write,
     tenant: Tenant,
     kind: events.EventKind,
     actor: Actor,
@@ -210,17 +217,23 @@ def record_with_write(
     action: str = "",
     data: dict[str, Any] | None = None,
 ) -> tuple[AuditEvent | None, list[tuple]]:
-    """Run `write` (an INSERT, UPDATE or DELETE with a RETURNING clause) and
-    record the event it is about, atomically, if it returned a row: the event
-    and the rows it returned; (None, []) if it returned none, when nothing is
-    written and no number is used.
+    """Run `writes` (each SQL and its parameters: an INSERT, UPDATE or DELETE
+    with a RETURNING clause) and record the event they are about, atomically:
+    the event and the rows the first write returned. One write that returns
+    no row records nothing and uses no number: (None, []); with several,
+    each must return a row (DatabaseError otherwise, like a save that finds
+    no row), and they need a transaction, the caller's. Several writes
+    write distinct rows: of two updates of one row in one statement,
+    Postgres applies one.
 
-    On Postgres one statement does both (the write, then the bump of the
-    tenant's sequence and the event's insert, as record() does them): in
+    On Postgres one statement does it all: the writes, then the bump of the
+    tenant's sequence and the event's insert, as record() does them. In
     autocommit that is one round trip where a transaction of its own costs
-    four (BEGIN, the write, the event, COMMIT). In a caller's transaction
-    (and on SQLite) the write and then the event, as record() would: it holds
-    the sequence row until the transaction ends, so call it last there.
+    four (BEGIN, the write, the event, COMMIT); in a caller's transaction,
+    one where there were several, and it holds the sequence row until the
+    transaction ends, as record() does: call it last there. Otherwise (on
+    SQLite, or in a transaction before this process saw the tenant's
+    sequence row committed: see _SEQUENCED) the writes and then record().
     """
     event = _event(
         tenant=tenant,
@@ -231,26 +244,38 @@ def record_with_write(
         action=action,
         data=data,
     )
-    if connection.vendor != "postgresql" or not connection.get_autocommit():
-        # In a transaction (or on SQLite): the write, then record(), which
-        # also creates the tenant's sequence row at its first event.
+    autocommit = connection.get_autocommit()
+    if (
+        connection.vendor != "postgresql"
+        or (autocommit and len(writes) > 1)
+        or (not autocommit and tenant.pk not in _SEQUENCED)
+    ):
         with transaction.atomic(savepoint=False):
+            returned = []
             with connection.cursor() as cursor:
-                cursor.execute(write, params)
-                rows = cursor.fetchall()
-            if not rows:
+                for sql, params in writes:
+                    cursor.execute(sql, params)
+                    returned.append(cursor.fetchall())
+            if not all(returned):
+                if len(writes) > 1:
+                    raise DatabaseError("a write of several returned no row")
                 return None, []
             _insert(event)
-        return event, rows
-    sql, fields = _write_and_insert_sequenced_statement(write)
-    params = [*params, *_sequenced_params(event, timezone.now(), fields)]
+        return event, returned[0]
+    sql, fields = _writes_and_insert_sequenced_statement(
+        tuple(sql for sql, _ in writes)
+    )
+    params = [
+        *(param for _, params in writes for param in params),
+        *_sequenced_params(event, timezone.now(), fields),
+    ]
     for _attempt in range(2):
         try:
             with connection.cursor() as cursor:
                 cursor.execute(sql, params)
                 rows = cursor.fetchall()
         except DataError as error:
-            if not _no_sequence_row(error):
+            if not (autocommit and _no_sequence_row(error)):
                 raise
             # The tenant's first event: the statement failed whole rather
             # than write without its event. As in _next_seq.
@@ -258,8 +283,12 @@ def record_with_write(
                 [AuditSequence(tenant_id=tenant.pk)], ignore_conflicts=True
             )
             continue
+        if len(writes) > 1 and (not rows or rows[0][0] is None):
+            raise DatabaseError("a write of several returned no row")
         if not rows:
             return None, []
+        if autocommit:
+            _SEQUENCED.add(tenant.pk)
         event.pk, event.seq, event.occurred_at = rows[0][:3]
         event._state.adding = False
         event._state.db = connection.alias
@@ -347,24 +376,27 @@ def _insert_sequenced_statement() -> tuple[str, tuple[models.Field, ...]]:
     return f"WITH {bump} {insert}", fields
 
 
-# A division by zero, in the statement's result, where the write returned
-# rows and no event was inserted (the tenant has no sequence row yet): the
-# statement fails whole instead of writing without its event.
-_NO_SEQUENCE_ROW = "1 / (e.id IS NOT NULL)::int"
-
-
 @cache
-def _write_and_insert_sequenced_statement(
-    write: str,
+def _writes_and_insert_sequenced_statement(
+    writes: tuple[str, ...],
 ) -> tuple[str, tuple[models.Field, ...]]:
-    """`write` as CTE `w`; the bump only if it returned a row (a write that
-    changed nothing uses no number); the event's columns, a check, and the
-    write's rows."""
-    bump, insert, fields = _sequenced_parts(when=" AND EXISTS (SELECT 1 FROM w)")
+    """The writes as CTEs `w0`, `w1`...; the bump only if each returned a row
+    (a write that changed nothing uses no number); then the event's columns,
+    a check, and the first write's rows.
+
+    The check is a division by zero where every write returned rows and no
+    event was inserted (the tenant has no sequence row yet): the statement
+    fails whole instead of writing without its event."""
+    names = [f"w{i}" for i in range(len(writes))]
+    wrote = " AND ".join(f"EXISTS (SELECT 1 FROM {name})" for name in names)
+    bump, insert, fields = _sequenced_parts(when=f" AND {wrote}")
+    ctes = ", ".join(
+        f"{name} AS ({write})" for name, write in zip(names, writes, strict=True)
+    )
     sql = (
-        f"WITH w AS ({write}), {bump}, e AS ({insert}) "
-        f"SELECT e.id, e.seq, e.occurred_at, {_NO_SEQUENCE_ROW}, w.* "
-        "FROM w LEFT JOIN e ON true"
+        f"WITH {ctes}, {bump}, e AS ({insert}) "
+        f"SELECT e.id, e.seq, e.occurred_at, 1 / (e.id IS NOT NULL OR NOT ({wrote}))::int, "
+        "w0.* FROM w0 LEFT JOIN e ON true"
     )
     return sql, fields
 
@@ -399,6 +431,8 @@ def _insert_sequenced(event: AuditEvent, now: datetime.datetime) -> None:
             event.pk, event.seq, event.occurred_at = row
             event._state.adding = False
             event._state.db = connection.alias
+            if event.tenant_id not in _SEQUENCED:
+                transaction.on_commit(partial(_SEQUENCED.add, event.tenant_id))
             return
         # The tenant's first event: as in _next_seq.
         AuditSequence.objects.bulk_create(

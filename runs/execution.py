@@ -43,7 +43,7 @@ from runs import (
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
-from runs.fixed_queries import FixedQuery, save_fields
+from runs.fixed_queries import FixedQuery
 from runs.gates import gate_nodes_of
 from runs.graphs import compiled, ensure_nodes_exist, spec_for, thread_config
 from runs.models import Checkpoint, Run, Thread
@@ -353,20 +353,11 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
         run.heartbeat_at = now
         run.attempts += 1
         run.started_at = run.started_at or now
-        save_fields(
-            run,
-            (
-                "status",
-                "lease_owner",
-                "lease_until",
-                "heartbeat_at",
-                "attempts",
-                "started_at",
-            ),
-        )
+        # Saved with the first event, in its statement (thread_event).
+        saves = [(run, _CLAIMED_FIELDS)]
         if thread.status != Thread.Status.RUNNING:
             thread.status = Thread.Status.RUNNING
-            save_fields(thread, ("status", "updated_at"))
+            saves.append((thread, ("status", "updated_at")))
         if recovered_from:
             thread_event(
                 thread=thread,
@@ -374,7 +365,9 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
                 actor=SYSTEM,
                 run=run,
                 data={"worker": recovered_from},
+                saves=saves,
             )
+            saves = []
         # Taken from the queue: no attempt ran before, so none wrote a
         # checkpoint (see _graph_input).
         run.first_attempt = fresh
@@ -384,8 +377,29 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
             actor=SYSTEM,
             run=run,
             data={"worker": owner, "attempt": run.attempts},
+            saves=saves,
         )
         return run, thread
+
+
+_CLAIMED_FIELDS = (
+    "status",
+    "lease_owner",
+    "lease_until",
+    "heartbeat_at",
+    "attempts",
+    "started_at",
+)
+_FINISHED_FIELDS = (
+    "status",
+    "next_nodes",
+    "error_type",
+    "error",
+    "compensation",
+    "ended_at",
+    "lease_owner",
+    "lease_until",
+)
 
 
 def _graph_input(
@@ -625,26 +639,16 @@ def _finish(
             kind, data = events.RUN_SUCCEEDED, {}
         run.ended_at = timezone.now()
         run.lease_owner, run.lease_until = "", None
-        save_fields(
-            run,
-            (
-                "status",
-                "next_nodes",
-                "error_type",
-                "error",
-                "compensation",
-                "ended_at",
-                "lease_owner",
-                "lease_until",
-            ),
-        )
-        save_fields(thread, ("status", "gated_nodes", "updated_at"))
         thread_event(
             thread=thread,
             kind=kind,
             actor=SYSTEM,
             run=run,
             data=data,
+            saves=[
+                (run, _FINISHED_FIELDS),
+                (thread, ("status", "gated_nodes", "updated_at")),
+            ],
         )
         if run.next_queued is not None:
             dispatch.run_dispatch(run.next_queued)

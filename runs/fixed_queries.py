@@ -151,7 +151,7 @@ def save_fields(
     Model.save itself whenever something listens to the model's pre_save or
     post_save, the model overrides save() (its own rules are never skipped),
     or a value is an expression."""
-    statement = update_statement(obj, fields, using=using)
+    statement = _prepared_update(obj, fields, using)
     if statement is None:
         obj.save(update_fields=fields, using=using)
         return
@@ -166,9 +166,20 @@ def update_statement(
     obj: Model, fields: Sequence[str], *, using: str = DEFAULT_DB_ALIAS
 ) -> tuple[str, list[Any]] | None:
     """The UPDATE (SQL and parameters) that save_fields runs, for a caller
-    that runs it as part of a statement of its own; None where only
-    Model.save may save the fields (see save_fields). Calls the fields'
-    pre_save, as saving does."""
+    that runs it as part of a statement of its own (audit.services.
+    record_with_write): `RETURNING 1`, so that the statement sees whether
+    it found the row. None where only Model.save may save the fields (see
+    save_fields). Calls the fields' pre_save, as saving does."""
+    statement = _prepared_update(obj, fields, using)
+    if statement is None:
+        return None
+    sql, params = statement
+    return f"{sql} RETURNING 1", params
+
+
+def _prepared_update(
+    obj: Model, fields: Sequence[str], using: str
+) -> tuple[str, list[Any]] | None:
     model = type(obj)
     connection = connections[using]
     statement = _UPDATES.get((model, tuple(fields), connection.vendor))

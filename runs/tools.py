@@ -327,8 +327,7 @@ class Ledger:
                 row.save(update_fields=fields)
                 record(**event)
             return
-        sql, params = statement
-        recorded, _ = record_with_write(f"{sql} RETURNING 1", params, **event)
+        recorded, _ = record_with_write(statement, **event)
         if recorded is None:
             raise DatabaseError("Save with update_fields did not affect any rows.")
 
@@ -350,7 +349,7 @@ def _insert_new(row: ToolCall, event: dict[str, Any]) -> bool:
     compiler = query.get_compiler(using=using)
     compiler.returning_fields = [ToolCall._meta.pk]
     [(statement, params)] = compiler.as_sql()
-    _, inserted = record_with_write(statement, params, **event)
+    _, inserted = record_with_write((statement, params), **event)
     if not inserted:
         return False
     row.pk = inserted[0][0]

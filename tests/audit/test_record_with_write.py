@@ -2,7 +2,7 @@
 statement outside a transaction."""
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from audit import events
@@ -21,8 +21,7 @@ RENAME = 'UPDATE "runs_tenant" SET "name" = %s WHERE "id" = %s RETURNING "id"'
 
 def _rename(tenant: Tenant, name: str, *, where_id=None):
     return record_with_write(
-        RENAME,
-        [name, tenant.pk if where_id is None else where_id],
+        (RENAME, [name, tenant.pk if where_id is None else where_id]),
         tenant=tenant,
         kind=events.TENANT_CREATED,
         actor=SYSTEM,
@@ -57,7 +56,7 @@ def test_the_tenants_first_event_writes_once_with_its_event():
     assert not AuditSequence.objects.filter(tenant=tenant).exists()
     with CaptureQueriesContext(connection) as captured:
         event, rows = _rename(tenant, "first")
-    tried = [q for q in captured.captured_queries if q["sql"].startswith("WITH w AS")]
+    tried = [q for q in captured.captured_queries if q["sql"].startswith("WITH w0 AS")]
     assert len(tried) == 2, captured.captured_queries
     assert rows == [(tenant.pk,)] and event.seq == 1
     assert seqs_of(tenant) == [1]
@@ -72,3 +71,54 @@ def test_in_a_transaction_it_joins_it_and_rolls_back_with_it():
     assert Tenant.objects.get(pk=tenant.pk).name != "rolled back"
     event, _ = _rename(tenant, "kept")
     assert event.seq == 2 and seqs_of(tenant) == [1, 2]
+
+
+RESLUG = 'UPDATE "runs_tenant" SET "slug" = %s WHERE "id" = %s RETURNING "id"'
+
+
+def test_several_writes_in_a_transaction_are_one_statement_with_the_event():
+    tenant = make_tenant()  # its sequence row committed: known to this process
+    other = make_tenant()
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        # Distinct rows: Postgres applies one of two updates of a row in one
+        # statement.
+        event, rows = record_with_write(
+            (RENAME, ["both", tenant.pk]),
+            (RESLUG, ["both-slug", other.pk]),
+            tenant=tenant,
+            kind=events.TENANT_CREATED,
+            actor=SYSTEM,
+            data={"slug": "both"},
+        )
+    statements = [q["sql"] for q in captured.captured_queries]
+    assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == [
+        s for s in statements if s.startswith("WITH w0 AS")
+    ]
+    assert len([s for s in statements if s.startswith("WITH w0 AS")]) == 1
+    assert rows == [(tenant.pk,)] and event.seq == 2
+    assert Tenant.objects.get(pk=tenant.pk).name == "both"
+    assert Tenant.objects.get(pk=other.pk).slug == "both-slug"
+
+
+def test_a_write_of_several_that_finds_no_row_fails_them_all():
+    tenant = make_tenant()
+    with pytest.raises(DatabaseError), transaction.atomic():
+        record_with_write(
+            (RENAME, ["half", tenant.pk]),
+            (RESLUG, ["half-slug", -1]),
+            tenant=tenant,
+            kind=events.TENANT_CREATED,
+            actor=SYSTEM,
+            data={"slug": "half"},
+        )
+    assert Tenant.objects.get(pk=tenant.pk).name != "half"
+    assert seqs_of(tenant) == [1]
+
+
+def test_in_a_transaction_a_tenant_without_a_committed_sequence_row_is_served():
+    """A tenant this process has not seen numbered: the writes, then record(),
+    which creates the sequence row."""
+    tenant = Tenant.objects.create(slug="unseen", name="x")
+    with transaction.atomic():
+        event, rows = _rename(tenant, "first")
+    assert rows == [(tenant.pk,)] and event.seq == 1 and seqs_of(tenant) == [1]

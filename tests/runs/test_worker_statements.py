@@ -48,15 +48,17 @@ class _Transactions:
         monkeypatch.setattr(wrapper, "_commit", counted)
 
 
-def _statements(queries, verb: str, table: str) -> list[str]:
+def _statements(sql: list[str], start: str, table: str) -> list[str]:
+    """The statements that start with `start` and name `table` before any
+    SET or WHERE."""
     return [
-        q["sql"]
-        for q in queries
-        if q["sql"].startswith(verb) and f'"{table}"' in q["sql"].split("SET")[0]
+        s
+        for s in sql
+        if s.startswith(start) and f'"{table}"' in s.split("SET")[0].split("WHERE")[0]
     ]
 
 
-def test_a_side_effects_ledger_writes_are_each_one_statement_with_its_event(
+def test_a_runs_bookkeeping_writes_are_each_one_statement_with_their_event(
     dispatched, monkeypatch
 ):
     tenant, client = tenant_with_client()
@@ -77,20 +79,25 @@ def test_a_side_effects_ledger_writes_are_each_one_statement_with_its_event(
     with CaptureQueriesContext(connection) as captured:
         execution.execute(dispatched.pop())
     assert Run.objects.get(pk=resumed).status == Run.Status.SUCCEEDED
-    queries = captured.captured_queries
+    sql = [q["sql"] for q in captured.captured_queries]
+    with_event = [s for s in sql if s.startswith("WITH w0 AS")]
+    assert all('"audit_auditevent"' in s for s in with_event)
 
     # Two calls (the refund, the customer's message), each `started` then
     # `succeeded`: each write with its event in one statement, outside any
     # transaction of its own.
-    ledger = [q["sql"] for q in queries if '"runs_toolcall"' in q["sql"]]
-    assert len(ledger) == 4, ledger
-    assert all(
-        sql.startswith("WITH w AS") and '"audit_auditevent"' in sql for sql in ledger
-    ), ledger
+    ledger = [s for s in sql if '"runs_toolcall"' in s]
+    assert len(ledger) == 4 and set(ledger) <= set(with_event), ledger
+    # The claim and the finish: the run (and the thread) saved in the
+    # statement of the event, after the two reads that lock them.
+    assert len(_statements(sql, "WITH w0 AS (UPDATE", "runs_run")) == 2
+    assert not _statements(sql, "UPDATE", "runs_run")
+    assert not _statements(sql, "UPDATE", "runs_thread")
+    assert len([s for s in sql if s.startswith('SELECT "runs_run"')]) == 2
+    assert len(with_event) == 6 and not [s for s in sql if s.startswith("SAVEPOINT")]
     # The claim, the finish, and the downstream systems' own inserts (the
     # demo's payment provider and outbox): nothing for the ledger.
     assert transactions.count == 4
-    assert not [q for q in queries if q["sql"].startswith("SAVEPOINT")]
     assert (
         sorted(
             AuditEvent.objects.filter(
@@ -100,3 +107,5 @@ def test_a_side_effects_ledger_writes_are_each_one_statement_with_its_event(
         == ["tool_call.started"] * 2 + ["tool_call.succeeded"] * 2
     )
     assert set(ToolCall.objects.values_list("status", flat=True)) == {"succeeded"}
+    thread = client.get("/api/v1/threads/t-1").json()
+    assert thread["status"] == "idle"
