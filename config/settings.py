@@ -213,6 +213,22 @@ else:
         "CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", 60)
     )
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # psycopg sends a query's parameters apart from its SQL (server-side
+    # binding) instead of quoting them into it, and prepares a statement the
+    # sixth time a connection runs it (psycopg's threshold; a statement run
+    # once, a migration's, is never prepared): Postgres then parses and plans
+    # each recurring query of the web tier and the workers once per
+    # connection, not at every call. A pooler in transaction mode that does
+    # not track prepared statements (PgBouncer before 1.21, or without
+    # max_prepared_statements) would run them on sessions that never saw
+    # them: DATABASE_PREPARED_STATEMENTS=false there.
+    _options = DATABASES["default"].setdefault("OPTIONS", {})
+    _options.setdefault("server_side_binding", True)
+    _options.setdefault(
+        "prepare_threshold",
+        5 if env.bool("DATABASE_PREPARED_STATEMENTS", default=True) else None,
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Cache (throttling counters; use Redis when several web processes run) ---

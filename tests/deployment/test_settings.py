@@ -141,6 +141,33 @@ def test_celery_processes_keep_persistent_connections_without_a_pool():
     assert "pool" not in database.get("OPTIONS", {})
 
 
+@pytest.mark.parametrize("entry_point", ["web", "celery"])
+def test_postgres_parameters_are_bound_by_the_server_and_statements_prepared(
+    entry_point,
+):
+    values = settings_in_process(production_env(), "DATABASES", entry_point=entry_point)
+    options = values["DATABASES"]["default"]["OPTIONS"]
+    assert options["server_side_binding"] is True
+    assert options["prepare_threshold"] == 5
+
+
+def test_prepared_statements_can_be_turned_off_for_a_transaction_pooler():
+    values = settings_in_process(
+        production_env(DATABASE_PREPARED_STATEMENTS="false"), "DATABASES"
+    )
+    options = values["DATABASES"]["default"]["OPTIONS"]
+    assert options["server_side_binding"] is True
+    assert options["prepare_threshold"] is None
+
+
+def test_the_embedded_mode_sets_no_postgres_options(tmp_path):
+    values = settings_in_process(
+        shell_env(GATEHOUSE_VAR_DIR=str(tmp_path)), "DATABASES"
+    )
+    options = values["DATABASES"]["default"]["OPTIONS"]
+    assert "server_side_binding" not in options and "prepare_threshold" not in options
+
+
 def test_embedded_mode_is_chosen_by_the_absence_of_database_url_not_debug(tmp_path):
     embedded_values = settings_in_process(
         shell_env(GATEHOUSE_VAR_DIR=str(tmp_path), DEBUG="false"),
