@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.db import transaction
+from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics
 from rest_framework.response import Response
@@ -22,17 +25,39 @@ from runs import permissions
 from runs.api.idempotency import IdempotentWrites
 from runs.api.serializers import ErrorSerializer
 from runs.api.views import actor_for
+from runs.fixed_queries import FixedQuery
 from runs.models import Scope
 
 
-def _tenant_requests(request):
+def _live_requests(tenant):
     # A deleted thread's requests went with it: their payloads are unreadable,
     # and like the thread itself they answer 404.
     return (
-        ApprovalRequest.objects.for_tenant(request.principal.tenant)
+        ApprovalRequest.objects.for_tenant(tenant)
         .filter(thread__deleted_at__isnull=True)
         .select_related("thread", "thread__tenant")
     )
+
+
+def _tenant_requests(request):
+    return _live_requests(request.principal.tenant)
+
+
+# The decision's read of the request: found and locked in one statement, its
+# row alone (approvals.services.lifecycle), with its tenant. Compiled once per
+# process (runs.fixed_queries); the arguments are the tenant's pk and the
+# request's id.
+_LOCKED_REQUEST = FixedQuery(
+    lambda tenant_pk, approval_id: (
+        _live_requests(tenant_pk)
+        .select_related("tenant")
+        .select_for_update(of=("self",), no_key=True)
+        .filter(pk=approval_id)
+        .order_by()
+    ),
+    -1,
+    uuid.UUID("5a3b1e00-0000-4000-8000-0000000a9901"),
+)
 
 
 def _render(
@@ -132,12 +157,10 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
         # decisions (a read like the detail's, besides the decision itself),
         # recorded with it.
         with transaction.atomic():
-            approval = generics.get_object_or_404(
-                _tenant_requests(request)
-                .select_related("tenant")
-                .select_for_update(of=("self",), no_key=True),
-                pk=approval_id,
-            )
+            found = _LOCKED_REQUEST(request.principal.tenant.pk, approval_id)
+            if not found:
+                raise Http404
+            approval = found[0]
             body = DecideSerializer(data=request.data)
             body.is_valid(raise_exception=True)
             # A person decides as themselves; a service key as the key,

@@ -29,8 +29,8 @@ from audit import events
 from audit.services import Actor, record
 from runs.crypto import ThreadCipher
 from runs.errors import StateConflict
-from runs.models import Run, Thread
-from runs.services import run_resume, run_resume_locked
+from runs.models import Run
+from runs.services import run_resume, run_resume_locked, thread_locked
 
 SYSTEM = Actor.system("approval escalation")
 
@@ -104,19 +104,13 @@ def locked_pending(
         raise StateConflict(
             f"this request is already {locked.status}", code="already_decided"
         )
-    # The thread's row alone: Thread's default ordering joins its tenant, and
-    # FOR UPDATE over that join would lock the tenant's row too, which every
-    # insert that references the tenant checks (FOR KEY SHARE) at its commit,
-    # some while holding the tenant's audit sequence: a deadlock. OF the
-    # thread, no ordering, and FOR NO KEY UPDATE (see the module's docstring).
-    # Read with the lock, so `locked.thread` is current: resuming its run
-    # (approval_resolve, thread_locked) reads it no second time.
-    locked.thread = (
-        Thread.objects.select_related("tenant")
-        .select_for_update(of=("self",), no_key=True)
-        .order_by()
-        .get(pk=locked.thread_id)
-    )
+    # The thread's row alone, FOR NO KEY UPDATE (see the module's docstring):
+    # locking the tenant's row too would deadlock with every insert that
+    # references the tenant, checked (FOR KEY SHARE) at its commit while it
+    # holds the tenant's audit sequence. Read with the lock, so
+    # `locked.thread` is current: resuming its run (approval_resolve with
+    # thread_locked=True) reads it no second time.
+    locked.thread = thread_locked(locked.thread_id)
     return locked
 
 

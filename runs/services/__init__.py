@@ -12,6 +12,7 @@ from runs.services.runs import (
     run_retry,
     run_start,
     thread_close,
+    thread_locked,
 )
 from runs.services.tenancy import (
     ApiKeyNameTaken,
@@ -77,6 +78,7 @@ __all__ = [
     "thread_history",
     "thread_interrupts_read",
     "thread_latest_checkpoint_id",
+    "thread_locked",
     "thread_metadata_update",
     "thread_snapshot",
     "thread_state",

@@ -21,6 +21,7 @@ from audit.services import Actor, record
 from runs import dispatch, gates, patches, registry, sagas, selectors, streaming
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
+from runs.fixed_queries import FixedQuery
 from runs.graphs import (
     compile_for,
     compiled,
@@ -36,13 +37,37 @@ from runs.services.threads import (
 )
 from runs.signals import thread_closed
 
-
-def _lock(thread: Thread) -> Thread:
-    return (
+# The thread's row locked FOR NO KEY UPDATE OF the thread alone, read after
+# the lock with its tenant, in no order (Thread's default ordering joins the
+# tenant, whose row must not be locked: approvals.services.lifecycle says
+# why). On every run start, resume and decision: compiled once per process
+# (runs.fixed_queries).
+_LOCKED_THREAD = FixedQuery(
+    lambda pk: (
         Thread.objects.select_related("tenant")
         .select_for_update(of=("self",), no_key=True)
-        .get(pk=thread.pk, deleted_at__isnull=True)
-    )
+        .filter(pk=pk)
+        .order_by()
+    ),
+    -1,
+)
+
+
+def thread_locked(pk: int) -> Thread:
+    """The thread `pk`, locked in the caller's transaction and current, with
+    its tenant; a deleted thread's tombstone too (the caller says what that
+    means)."""
+    rows = _LOCKED_THREAD(pk)
+    if not rows:
+        raise Thread.DoesNotExist(f"no thread {pk}")
+    return rows[0]
+
+
+def _lock(thread: Thread) -> Thread:
+    locked = thread_locked(thread.pk)
+    if locked.deleted_at is not None:
+        raise Thread.DoesNotExist(f"thread {thread.thread_id} was deleted")
+    return locked
 
 
 def _has_active_run(thread: Thread) -> bool:

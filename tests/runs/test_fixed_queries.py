@@ -156,8 +156,9 @@ def test_the_claims_queries_and_save_fields_on_sqlite_the_embedded_mode():
     claim of the embedded mode failed: "not among its parameters")."""
     tenant = Tenant.objects.using("sqlite").create(slug="embedded", name="E")
     threads = Thread.objects.using("sqlite")
-    thread = threads.create(tenant=tenant, thread_id="t1", agent_name="refund",
-                            agent_version="1")
+    thread = threads.create(
+        tenant=tenant, thread_id="t1", agent_name="refund", agent_version="1"
+    )
     runs = Run.objects.using("sqlite")
     first, second = (
         runs.create(tenant=tenant, thread=thread, kind="start", agent_version="1")
@@ -186,7 +187,9 @@ def test_the_claims_queries_and_save_fields_on_sqlite_the_embedded_mode():
 
         first.status, first.next_nodes, first.error = "failed", ["ask"], b"\x00sealed"
         first.ended_at = timezone.now()
-        save_fields(first, ("status", "next_nodes", "error", "ended_at"), using="sqlite")
+        save_fields(
+            first, ("status", "next_nodes", "error", "ended_at"), using="sqlite"
+        )
         stored = runs.get(pk=first.pk)
         assert (stored.status, stored.next_nodes, bytes(stored.error)) == (
             "failed",
@@ -222,3 +225,41 @@ def test_save_fields_leaves_it_to_the_models_own_save_when_it_has_one():
         apps.clear_cache()
     assert saved == [["status"]]
     assert Run.objects.get(pk=run.pk).status == "running"
+
+
+def test_the_decisions_locked_reads_find_only_the_tenants_live_request():
+    """The decision's request read (approvals.api.views) and the thread lock
+    (runs.services.thread_locked), compiled once: each call its own tenant
+    and ids; another tenant's request, or a deleted thread's, is not found."""
+    from approvals.api.views import _LOCKED_REQUEST
+    from tests.approvals.helpers import waiting_request
+
+    tenant, other = make_tenant(), make_tenant()
+    mine, theirs = waiting_request(tenant), waiting_request(other)
+    with transaction.atomic():
+        (found,) = _LOCKED_REQUEST(tenant.pk, mine.pk)
+        assert (found.pk, found.tenant.pk, found.thread.pk) == (
+            mine.pk,
+            tenant.pk,
+            mine.thread_id,
+        )
+        assert _LOCKED_REQUEST(tenant.pk, theirs.pk) == []
+        assert _LOCKED_REQUEST(other.pk, theirs.pk)[0].pk == theirs.pk
+        locked = services.thread_locked(mine.thread_id)
+        assert _fields(locked) == _fields(Thread.objects.get(pk=mine.thread_id))
+        assert locked.tenant.pk == tenant.pk
+        Thread.objects.filter(pk=mine.thread_id).update(deleted_at=timezone.now())
+        assert _LOCKED_REQUEST(tenant.pk, mine.pk) == []
+        # A tombstone is the caller's to refuse (run_resume does).
+        assert services.thread_locked(mine.thread_id).deleted_at is not None
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+def test_the_thread_lock_on_sqlite_the_embedded_mode():
+    tenant = Tenant.objects.using("sqlite").create(slug="embedded", name="E")
+    thread = Thread.objects.using("sqlite").create(
+        tenant=tenant, thread_id="t1", agent_name="refund"
+    )
+    with transaction.atomic(using="sqlite"):
+        (locked,) = services.runs._LOCKED_THREAD(thread.pk, using="sqlite")
+    assert (locked.pk, locked.tenant.pk) == (thread.pk, tenant.pk)
