@@ -33,6 +33,7 @@ from audit.services import Actor
 from runs import (
     compensation,
     dispatch,
+    graph_executor,
     outages,
     patches,
     replay,
@@ -483,7 +484,7 @@ def _invoke(
     )
     outcome = Outcome()
     try:
-        with closing(parts):
+        with closing(parts), graph_executor.kept_pool():
             for part in parts:
                 namespace, mode, chunk = part if run.stream_subgraphs else ((), *part)
                 if mode in published:

@@ -3,7 +3,9 @@
 Django keeps a connection per thread. LangGraph runs a checkpoint store's
 writes (and nodes that run at once, and Functional API tasks) on the threads
 of an executor it creates for every `graph.stream` call and shuts down at its
-end; the runs' leases are renewed on one thread of the process
+end (a worker keeps the outermost one of a run from run to run,
+runs.graph_executor, and its threads keep what they bind; a subgraph's is
+still new); the runs' leases are renewed on one thread of the process
 (runs.execution.Leases), which takes a connection only while renewing. Left
 to Django, each of these threads opens a Postgres session of its own and
 closes it (or leaves it to the garbage collector) when it ends: a few new

@@ -32,11 +32,13 @@ def _fresh_throttle_cache():
 @pytest.fixture(autouse=True)
 def _no_shelved_connections():
     """Connections that this process's finished threads (LangGraph's executor,
-    a heartbeat) left for the next ones (runs.thread_connections) are one
-    test's: closed after it, or they would outlive the test database."""
+    a heartbeat) left for the next ones (runs.thread_connections), and those
+    of a run's kept pool (runs.graph_executor), are one test's: closed after
+    it, or they would outlive the test database."""
     yield
-    from runs import thread_connections
+    from runs import graph_executor, thread_connections
 
+    graph_executor.shut_down()
     thread_connections.close_all()
 
 
