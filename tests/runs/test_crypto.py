@@ -127,6 +127,19 @@ def test_values_kept_long_compress_harder_and_read_alike(monkeypatch):
     )
 
 
+def test_large_values_compress_without_the_dictionary():
+    """Over DICTIONARY_MAX_BYTES zstd alone (flag 0x40) compresses better at
+    the compact level; below it the dictionary does. Both read alike."""
+    cipher = ThreadCipher.for_thread(make_thread())
+    large, small = _chat(200), _chat(2)
+    assert len(StrictSerializer().dumps(large)) > crypto.DICTIONARY_MAX_BYTES
+    assert crypto.encode_value(large, compact=True)[0] & 0xC0 == 0x40
+    assert crypto.encode_value(small, compact=True)[0] & 0xC0 == 0x80
+    for value in (large, small):
+        sealed = cipher.encrypt_value(value, row=ROW, compact=True)
+        assert cipher.decrypt_value(sealed, row=ROW) == value
+
+
 def test_the_format_dictionary_never_changes():
     """Stored values need its exact bytes: a new dictionary is a new codec flag."""
     assert hashlib.sha256(crypto.FORMAT_DICTIONARY).hexdigest() == (
