@@ -90,10 +90,12 @@ _BATCH = 500
 _LIST_CHUNK = 100
 # A put_writes call's regular writes (one or more) are stored as one row: its
 # idx is this plus the first write's position (special channels have negative
-# idx, regular writes their position), its channel is empty, and its value is
-# the encrypted list of [idx, channel, serialized value] (kind "writes"). A
-# lone regular write is packed too, so that a task's later call finds the
-# earlier call's row in its place and, like PostgresSaver, keeps the first.
+# idx, regular writes their position), its channel and task path are empty,
+# and its value is the encrypted [task path, [[idx, channel, serialized
+# value], ...]] (kind "writes"; rows written before 2026-12-01 hold the list
+# alone, their task path in the column). A lone regular write is packed too,
+# so that a task's later call finds the earlier call's row in its place and,
+# like PostgresSaver, keeps the first.
 PACKED_WRITES_IDX = 1 << 30
 # A checkpoint and its metadata are one ciphertext, [checkpoint, metadata], of
 # this kind, in the `checkpoint` column; `metadata` is left empty. Rows written
@@ -215,7 +217,7 @@ def _put_statement(blob_count: int) -> str:
 def _put_writes_statement(write_count: int, upsert: bool) -> str:
     """Answers whether the thread is alive and, for inserts, whether a packed
     row was inserted (0 when the task's earlier call holds its place)."""
-    rows = ", ".join(["(%s::integer, %s::text, %s::bytea)"] * write_count)
+    rows = ", ".join(["(%s::integer, %s::text, %s::text, %s::bytea)"] * write_count)
     on_conflict = (
         "DO UPDATE SET channel = EXCLUDED.channel, task_path = EXCLUDED.task_path, "
         "value = EXCLUDED.value"
@@ -226,8 +228,9 @@ def _put_writes_statement(write_count: int, upsert: bool) -> str:
         _ALIVE_THREAD.format(thread=Thread._meta.db_table)
         + f", saved AS (INSERT INTO {PendingWrite._meta.db_table} (thread_id, "
         "checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value) "
-        "SELECT t.id, %s::text, %s::bytea, %s::bytea, %s::text, v.idx, v.channel, "
-        f"v.value FROM t, (VALUES {rows}) AS v(idx, channel, value) "
+        "SELECT t.id, %s::text, %s::bytea, %s::bytea, v.task_path, v.idx, "
+        f"v.channel, v.value FROM t, (VALUES {rows}) AS v(idx, channel, task_path, "
+        "value) "
         "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) "
         f"{on_conflict} RETURNING idx) SELECT (SELECT count(*) FROM t), "
         f"(SELECT count(*) FROM saved WHERE idx >= {PACKED_WRITES_IDX})"
@@ -804,11 +807,13 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
         def seal(
             cipher: ThreadCipher, packed: list[tuple[int, str, Any]]
-        ) -> list[tuple[int, str, bytes]]:
+        ) -> list[tuple[int, str, str, bytes]]:
+            """Rows as stored: (idx, channel, task path, ciphertext)."""
             rows = [
                 (
                     idx,
                     channel,
+                    task_path,
                     cipher.encrypt_value(
                         value,
                         row=_write_row(
@@ -825,15 +830,16 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                     [position, channel, self.serde.dumps(value)]
                     for position, channel, value in packed
                 ]
+                # The task path inside the ciphertext: a column of its own
+                # would repeat it in clear on every step's row.
                 rows.append(
                     (
                         idx,
                         "",
+                        "",
                         cipher.encrypt_value(
-                            items,
-                            row=_write_row(
-                                ns, checkpoint_id, task_id, idx, "", task_path
-                            ),
+                            [task_path, items],
+                            row=_write_row(ns, checkpoint_id, task_id, idx, "", ""),
                             serializer=self.serde,
                         ),
                     )
@@ -843,7 +849,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         thread_connections.bind(self.using)
         outages.through_outages(
             lambda: self._put_writes(
-                thread_id, ns, checkpoint_id, task_id, task_path, packed, special, seal
+                thread_id, ns, checkpoint_id, task_id, packed, special, seal
             ),
             what=f"writes of task {task_id}",
             using=self.using,
@@ -855,11 +861,11 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         ns: str,
         checkpoint_id: str,
         task_id: str,
-        task_path: str,
         packed: list[tuple[int, str, Any]],
         special: bool,
         seal: Callable[
-            [ThreadCipher, list[tuple[int, str, Any]]], list[tuple[int, str, bytes]]
+            [ThreadCipher, list[tuple[int, str, Any]]],
+            list[tuple[int, str, str, bytes]],
         ],
     ) -> None:
         # Upserts, or inserts that ignore rows already there: repeated after a
@@ -872,7 +878,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 ns,
                 compact_id(checkpoint_id),
                 compact_id(task_id),
-                task_path,
             ]
             sealed = seal(cipher, packed)
             for row in sealed:
@@ -898,10 +903,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                     task_id=task_id,
                     idx=idx,
                     channel=channel,
-                    task_path=task_path,
+                    task_path=stored_path,
                     value=value,
                 )
-                for idx, channel, value in seal(thread.cipher, packed)
+                for idx, channel, stored_path, value in seal(thread.cipher, packed)
             ]
             if special:
                 manager.bulk_create(
@@ -1411,6 +1416,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 row=_write_row(ns, checkpoint_id, task_id, idx, "", task_path),
                 serializer=self.serde,
             )
+            if isinstance(items[0], str):
+                # [task path, items]; rows written before hold the items alone.
+                task_path, items = items
             for position, channel, data in items:
                 if channels is None or channel in channels:
                     packed.append(

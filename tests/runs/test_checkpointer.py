@@ -389,6 +389,48 @@ def test_packed_writes_are_bound_to_their_row():
 
 
 @pytest.mark.django_db
+def test_a_packed_row_keeps_its_task_path_inside_the_ciphertext():
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {})
+    saver.put_writes(stored, [("c", 1)], "task-b", task_path="~b")
+    saver.put_writes(stored, [("c", 2)], "task-a", task_path="~a")
+    assert set(PendingWrite.objects.values_list("task_path", flat=True)) == {""}
+    # Sorted by the path the ciphertext holds: ~a before ~b.
+    assert saver.get_tuple(stored).pending_writes == [
+        ("task-a", "c", 2),
+        ("task-b", "c", 1),
+    ]
+
+
+@pytest.mark.django_db
+def test_packed_rows_with_their_task_path_apart_still_read():
+    """Rows written before 2026-12-01: the path in its column, the items alone."""
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {})
+    thread = Thread.objects.get()
+    cipher = stored_cipher(thread.pk)
+    checkpoint_id = stored["configurable"]["checkpoint_id"]
+    for task, path, value in (("task-b", "~a", 1), ("task-a", "~b", 2)):
+        PendingWrite.objects.create(
+            thread=thread,
+            checkpoint_id=checkpoint_id,
+            task_id=task,
+            idx=PACKED_WRITES_IDX,
+            channel="",
+            task_path=path,
+            value=cipher.encrypt_value(
+                [[0, "c", saver.serde.dumps(value)]],
+                row=("writes", "", checkpoint_id, task, PACKED_WRITES_IDX, path),
+            ),
+        )
+
+    assert saver.get_tuple(stored).pending_writes == [
+        ("task-b", "c", 1),
+        ("task-a", "c", 2),
+    ]
+
+
+@pytest.mark.django_db
 def test_writes_stored_one_row_each_still_read():
     """Rows written before writes were packed: one per write."""
     saver = DjangoSaver(tenant=make_tenant())

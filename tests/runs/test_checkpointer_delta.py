@@ -128,7 +128,7 @@ def _rewrite_as_before(saver, thread: Thread) -> None:
             row.task_id,
             row.task_path,
         )
-        items = cipher.decrypt_value(
+        path, items = cipher.decrypt_value(
             row.value,
             row=("writes", ns, cid, task, row.idx, path),
             serializer=saver.serde,
