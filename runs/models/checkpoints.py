@@ -127,6 +127,9 @@ class Checkpoint(models.Model):
 class ChannelBlob(models.Model):
     """A channel's value at one version, written only when the version is new."""
 
+    # Its identity is the primary key: no surrogate id (a column and an index
+    # per row).
+    pk = models.CompositePrimaryKey("thread", "checkpoint_ns", "channel", "version")
     thread = models.ForeignKey(
         Thread, on_delete=models.CASCADE, related_name="+", db_index=False
     )
@@ -134,14 +137,6 @@ class ChannelBlob(models.Model):
     channel = models.CharField(max_length=255)
     version = models.CharField(max_length=64)
     value = models.BinaryField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["thread", "checkpoint_ns", "channel", "version"],
-                name="channel_blob_identity",
-            )
-        ]
 
     def __str__(self) -> str:
         return f"{self.thread_id}:{self.checkpoint_ns}:{self.channel}@{self.version}"

@@ -1,6 +1,6 @@
-"""runs 0019 and 0020: checkpoint and task ids are stored as compact bytes (a
-UUID in 16), and checkpoints and writes are keyed by their identity without a
-surrogate id. Rows written before read the same after, on Postgres and on
+"""runs 0019, 0020 and 0023: checkpoint and task ids are stored as compact
+bytes (a UUID in 16), and checkpoints, writes and channel blobs are keyed by
+their identity without a surrogate id. Rows written before read the same after, on Postgres and on
 SQLite (the embedded mode), and the migrations reverse to the text ids and
 surrogate keys they started from."""
 
@@ -101,9 +101,9 @@ def test_rows_written_before_read_the_same_after(alias):
                 cursor.execute(
                     "SELECT count(*) FROM information_schema.columns WHERE "
                     "column_name = 'id' AND table_name IN "
-                    "('runs_checkpoint', 'runs_pendingwrite')"
+                    "('runs_checkpoint', 'runs_pendingwrite', 'runs_channelblob')"
                 )
-                assert cursor.fetchone() == (2,)
+                assert cursor.fetchone() == (3,)
         assert texts == {
             (UUID_IDS[0], ""),
             (UUID_IDS[1], UUID_IDS[0]),
@@ -128,17 +128,21 @@ def test_rows_written_before_read_the_same_after(alias):
             cursor.execute(
                 "SELECT conrelid::regclass::text, pg_get_constraintdef(oid) "
                 "FROM pg_constraint WHERE contype = 'p' AND conrelid IN "
-                "('runs_checkpoint'::regclass, 'runs_pendingwrite'::regclass)"
+                "('runs_checkpoint'::regclass, 'runs_pendingwrite'::regclass, "
+                "'runs_channelblob'::regclass)"
             )
             assert dict(cursor.fetchall()) == {
                 "runs_checkpoint": "PRIMARY KEY (thread_id, checkpoint_ns, "
                 "checkpoint_id)",
                 "runs_pendingwrite": "PRIMARY KEY (thread_id, checkpoint_ns, "
                 "checkpoint_id, task_id, idx)",
+                "runs_channelblob": "PRIMARY KEY (thread_id, checkpoint_ns, "
+                "channel, version)",
             }
             cursor.execute(
                 "SELECT count(*) FROM information_schema.columns WHERE column_name "
-                "= 'id' AND table_name IN ('runs_checkpoint', 'runs_pendingwrite')"
+                "= 'id' AND table_name IN ('runs_checkpoint', 'runs_pendingwrite', "
+                "'runs_channelblob')"
             )
             assert cursor.fetchone() == (0,)
             # The rebuilt tables are analyzed, not left without statistics
