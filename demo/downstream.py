@@ -10,10 +10,11 @@ released, a charge refunded, a courier cancelled), each undo idempotent too.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from demo.models import (
@@ -30,8 +31,12 @@ from runs.models import Thread
 
 def _once(model, *, idempotency_key: str, **fields):
     """The row for `idempotency_key`: created now, or the one created first."""
+    # Inside a transaction, a savepoint to survive the duplicate's error.
+    # Outside one the INSERT is a transaction of its own: no BEGIN and COMMIT
+    # around it, as a provider's single insert would have none.
+    atomic = transaction.atomic if connection.in_atomic_block else nullcontext
     try:
-        with transaction.atomic():
+        with atomic():
             return model.objects.create(idempotency_key=idempotency_key, **fields)
     except IntegrityError:
         return model.objects.get(idempotency_key=idempotency_key)
