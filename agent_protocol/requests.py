@@ -125,7 +125,11 @@ class ThreadFilter(serializers.Serializer):
 
 
 class ThreadSearch(ThreadFilter, Page):
-    ids = serializers.ListField(child=serializers.CharField(), required=False)
+    # Bounded like a page: each id is a parameter of the search's statement,
+    # and a statement takes at most 65535 (config.postgresql).
+    ids = serializers.ListField(
+        child=serializers.CharField(), required=False, max_length=MAX_PAGE
+    )
     sort_by = serializers.ChoiceField(
         ["thread_id", "status", "created_at", "updated_at", "state_updated_at"],
         required=False,
@@ -323,7 +327,9 @@ def stream_modes(requested: Any, *, default: tuple = ("values",)) -> tuple[str, 
 
 class RunsCancel(serializers.Serializer):
     thread_id = serializers.CharField(required=False)
-    run_ids = serializers.ListField(child=serializers.UUIDField(), required=False)
+    run_ids = serializers.ListField(
+        child=serializers.UUIDField(), required=False, max_length=MAX_PAGE
+    )
     status = serializers.ChoiceField(["pending", "running", "all"], required=False)
 
 

@@ -214,6 +214,9 @@ else:
     )
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's backend with the 65535-parameter limit of server-side binding
+    # declared, so bulk writes and deletions go in batches that fit.
+    DATABASES["default"]["ENGINE"] = "config.postgresql"
     # psycopg sends a query's parameters apart from its SQL (server-side
     # binding) instead of quoting them into it, and prepares a statement the
     # sixth time a connection runs it (psycopg's threshold; a statement run

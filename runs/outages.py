@@ -40,8 +40,13 @@ DATABASE_ERRORS = (
 # query: connection exceptions (08), the server shutting down or starting
 # (57P01-57P03), and a transaction rolled back by a conflict (40: retrying it
 # is what the server asks). psycopg raises the base OperationalError, with
-# no SQLSTATE, when the connection itself broke.
+# no SQLSTATE, when the connection itself broke, and also when libpq refused
+# to send a statement (more than 65535 parameters) on a good connection:
+# the backend (config.postgresql) marks the second kind where it is raised,
+# the only place that knows which connection it came from. An unmarked one
+# (psycopg's own cursor on a hot path, a pool timeout) stays an outage.
 _TRANSIENT_SQLSTATES = ("08", "57P", "40")
+_CONNECTION_KEPT = "gatehouse_connection_kept"
 
 # The broker (Celery's publish failures) and Redis used directly (the run
 # stream, a Redis cache).
@@ -61,12 +66,19 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
+def mark_connection_kept(error: BaseException) -> None:
+    """The connection that raised `error` is still good: not an outage."""
+    setattr(error, _CONNECTION_KEPT, True)
+
+
 def _database_unavailable(error: BaseException) -> bool:
     if isinstance(error, (InterfaceError, psycopg.InterfaceError)):
         return True  # "connection already closed"
     if isinstance(error, psycopg.OperationalError):
         # The pool's timeout too (PoolTimeout): no connection to be had.
-        return error.sqlstate is None or error.sqlstate.startswith(_TRANSIENT_SQLSTATES)
+        if error.sqlstate is None:
+            return not getattr(error, _CONNECTION_KEPT, False)
+        return error.sqlstate.startswith(_TRANSIENT_SQLSTATES)
     if isinstance(error, sqlite3.OperationalError):
         return "locked" in str(error) or "busy" in str(error)
     # Django's OperationalError is judged by the driver's error it wraps,

@@ -198,9 +198,11 @@ def content_clear(
         for thread_pk, count in counts.items():
             cleared[thread_pk][content.name] += count
         if content.fields:
-            model.objects.using(db).filter(
-                pk__in=list(rows.values_list("pk", flat=True))
-            ).update(**dict.fromkeys(content.fields, content.empty))
+            # The rows as a subquery, not a list of their keys: a long-lived
+            # thread's rows outnumber the parameters a statement may take.
+            model.objects.using(db).filter(pk__in=rows.values("pk")).update(
+                **dict.fromkeys(content.fields, content.empty)
+            )
         else:
             rows.delete()
     return cleared

@@ -1,0 +1,4 @@
+"""Django's Postgres backend, sized for server-side binding (config.settings).
+
+ENGINE = "config.postgresql" (config.settings sets it for every Postgres URL).
+"""

@@ -1,0 +1,61 @@
+"""Django's Postgres backend with the limits of server-side binding.
+
+With server-side binding (config.settings) psycopg sends a statement's
+parameters apart from its SQL, and Postgres' protocol takes at most 65535 of
+them per statement; libpq refuses more before sending anything. Django 5.2
+does not batch for Postgres (it inlined parameters before psycopg 3), so
+this backend declares the limit where Django asks for one: bulk_create,
+bulk_update, a deletion's collected rows and in_bulk() then go in batches
+that fit. A filter on an unbounded `__in` list is still one statement: pass
+one array parameter (`= ANY(%s)`) or a subquery instead (runs.storage).
+"""
+
+from __future__ import annotations
+
+import psycopg
+from django.db.backends.postgresql import base, features, operations
+from django.db.utils import DatabaseErrorWrapper
+from django.utils.functional import cached_property
+
+from runs.outages import mark_connection_kept
+
+# Postgres' wire protocol counts a statement's parameters in 16 bits.
+MAX_QUERY_PARAMS = 65535
+
+
+class DatabaseFeatures(features.DatabaseFeatures):
+    max_query_params = MAX_QUERY_PARAMS
+
+
+class DatabaseOperations(operations.DatabaseOperations):
+    def bulk_batch_size(self, fields, objs):
+        """Rows per statement: each field may take two parameters (bulk_update
+        sends `WHEN pk THEN value` for every field of every row)."""
+        if not fields:
+            return len(objs)
+        return max(1, min(len(objs), MAX_QUERY_PARAMS // (2 * len(fields))))
+
+
+class _ErrorWrapper(DatabaseErrorWrapper):
+    """Tells, in the thread that ran the statement, a statement refused by
+    libpq (the connection still good) from a lost connection: psycopg raises
+    both as OperationalError without a SQLSTATE (runs.outages)."""
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        if (
+            isinstance(exc_value, psycopg.OperationalError)
+            and exc_value.sqlstate is None
+            and self.wrapper.connection is not None
+            and not self.wrapper.connection.closed
+        ):
+            mark_connection_kept(exc_value)
+        return super().__exit__(exc_type, exc_value, traceback)
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    features_class = DatabaseFeatures
+    ops_class = DatabaseOperations
+
+    @cached_property
+    def wrap_database_errors(self):
+        return _ErrorWrapper(self)
