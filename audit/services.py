@@ -222,7 +222,9 @@ def record_with_write(
     the event and the rows the first write returned. One write that returns
     no row records nothing and uses no number: (None, []); with several,
     each must return a row (DatabaseError otherwise, like a save that finds
-    no row), and they need a transaction, the caller's. Several writes
+    no row, with the caller's transaction marked to roll back, so a caller
+    that catches it still commits none of them), and they need a
+    transaction, the caller's. Several writes
     write distinct rows: of two updates of one row in one statement,
     Postgres applies one.
 
@@ -258,7 +260,7 @@ def record_with_write(
                     returned.append(cursor.fetchall())
             if not all(returned):
                 if len(writes) > 1:
-                    raise DatabaseError("a write of several returned no row")
+                    raise _partial_write()
                 return None, []
             _insert(event)
         return event, returned[0]
@@ -284,7 +286,7 @@ def record_with_write(
             )
             continue
         if len(writes) > 1 and (not rows or rows[0][0] is None):
-            raise DatabaseError("a write of several returned no row")
+            raise _partial_write()
         if not rows:
             return None, []
         if autocommit:
@@ -295,6 +297,17 @@ def record_with_write(
         _announce_on_commit(event)
         return event, [row[4:] for row in rows]
     raise RuntimeError(f"no audit sequence row for tenant {tenant.pk}")
+
+
+def _partial_write() -> DatabaseError:
+    """The error of several writes one of which found no row, with the
+    caller's transaction marked to roll back: the others wrote without their
+    event, and must not commit even if the caller catches the error."""
+    if connection.in_atomic_block:
+        transaction.set_rollback(True)
+    else:  # a transaction the caller opened without atomic()
+        connection.rollback()
+    return DatabaseError("a write of several returned no row")
 
 
 class _Batch:

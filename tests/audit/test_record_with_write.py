@@ -115,6 +115,35 @@ def test_a_write_of_several_that_finds_no_row_fails_them_all():
     assert seqs_of(tenant) == [1]
 
 
+@pytest.mark.parametrize("seen", [True, False], ids=["one statement", "fallback"])
+@pytest.mark.parametrize("missing", [0, 1], ids=["first missing", "second missing"])
+def test_a_caller_that_catches_the_failure_of_several_writes_commits_none(
+    seen, missing
+):
+    """On either path, whichever write finds no row: the caller's transaction
+    is marked to roll back, so the write that did find its row never commits
+    without its event, even if the caller goes on."""
+    tenant = make_tenant() if seen else Tenant.objects.create(slug="unseen", name="x")
+    writes = [(RENAME, ["half", tenant.pk]), (RESLUG, ["half-slug", tenant.pk])]
+    writes[missing][1][1] = -1
+    with transaction.atomic():
+        try:
+            record_with_write(
+                *writes,
+                tenant=tenant,
+                kind=events.TENANT_CREATED,
+                actor=SYSTEM,
+                data={"slug": "half"},
+            )
+        except DatabaseError:
+            pass  # a caller that goes on, without a savepoint of its own
+        assert transaction.get_rollback()
+    tenant = Tenant.objects.get(pk=tenant.pk)
+    assert (tenant.name, tenant.slug) != ("half", "half-slug")
+    assert "half" not in (tenant.name, tenant.slug)
+    assert seqs_of(tenant) == ([1] if seen else [])
+
+
 def test_in_a_transaction_a_tenant_without_a_committed_sequence_row_is_served():
     """A tenant this process has not seen numbered: the writes, then record(),
     which creates the sequence row."""
