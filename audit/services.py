@@ -224,7 +224,7 @@ def record_with_write(
     each must return a row (DatabaseError otherwise, like a save that finds
     no row, with the caller's transaction marked to roll back, so a caller
     that catches it still commits none of them), and they need a
-    transaction, the caller's. Several writes
+    transaction, the caller's. A write without RETURNING: ValueError. Several writes
     write distinct rows: of two updates of one row in one statement,
     Postgres applies one.
 
@@ -237,6 +237,12 @@ def record_with_write(
     SQLite, or in a transaction before this process saw the tenant's
     sequence row committed: see _SEQUENCED) the writes and then record().
     """
+    for sql, _ in writes:
+        if "RETURNING" not in sql.upper():
+            # "No row returned" must mean "nothing written": a write that
+            # cannot return (or SQLite before 3.35 dropping RETURNING from a
+            # compiled insert) would commit without its event.
+            raise ValueError(f"record_with_write needs RETURNING: {sql[:80]}")
     event = _event(
         tenant=tenant,
         kind=kind,

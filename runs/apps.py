@@ -1,4 +1,8 @@
+import sqlite3
+
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 from runs import crypto, registry
@@ -16,6 +20,21 @@ def _forget_cached_settings(*, setting: str, **kwargs) -> None:
         "GATEHOUSE_DRAINING_AGENTS",
     }:
         registry.agents.cache_clear()
+
+
+# The embedded mode writes a row and its audit event with RETURNING
+# (audit.services.record_with_write), which SQLite has since 3.35; Django 5.2
+# accepts 3.31 and silently drops RETURNING from inserts before 3.35.
+SQLITE_FLOOR = (3, 35)
+
+
+def require_sqlite_returning(version: tuple[int, ...] = sqlite3.sqlite_version_info):
+    engines = {db["ENGINE"] for db in settings.DATABASES.values()}
+    if "django.db.backends.sqlite3" in engines and version < SQLITE_FLOOR:
+        raise ImproperlyConfigured(
+            f"SQLite {'.'.join(map(str, version))} is too old: Gatehouse "
+            f"needs {'.'.join(map(str, SQLITE_FLOOR))} or later (RETURNING)"
+        )
 
 
 class RunsConfig(AppConfig):
@@ -39,4 +58,5 @@ class RunsConfig(AppConfig):
         # registry is misconfigured.
         crypto.keyring()
         crypto.audit_keyring()
+        require_sqlite_returning()
         registry.agents()

@@ -2,6 +2,7 @@
 statement outside a transaction."""
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -142,6 +143,29 @@ def test_a_caller_that_catches_the_failure_of_several_writes_commits_none(
     assert (tenant.name, tenant.slug) != ("half", "half-slug")
     assert "half" not in (tenant.name, tenant.slug)
     assert seqs_of(tenant) == ([1] if seen else [])
+
+
+def test_a_write_without_returning_is_refused_before_it_runs():
+    tenant = make_tenant()
+    with pytest.raises(ValueError, match="RETURNING"):
+        record_with_write(
+            ('UPDATE "runs_tenant" SET "name" = %s WHERE "id" = %s', ["x", tenant.pk]),
+            tenant=tenant,
+            kind=events.TENANT_CREATED,
+            actor=SYSTEM,
+            data={"slug": "x"},
+        )
+    assert Tenant.objects.get(pk=tenant.pk).name != "x"
+
+
+def test_sqlite_without_returning_refuses_to_start():
+    """Older SQLite would take a write without RETURNING (Django drops it
+    from compiled inserts): the embedded mode refuses it at start-up."""
+    from runs.apps import require_sqlite_returning
+
+    require_sqlite_returning()  # this machine's
+    with pytest.raises(ImproperlyConfigured, match="3.34.1 is too old"):
+        require_sqlite_returning((3, 34, 1))  # tests/settings has a SQLite db
 
 
 def test_in_a_transaction_a_tenant_without_a_committed_sequence_row_is_served():
