@@ -127,8 +127,6 @@ def _queue(
     if thread.status != Thread.Status.RUNNING:
         thread.status = Thread.Status.RUNNING
         changed.append("status")
-    if changed:
-        thread.save(update_fields=[*changed, "updated_at"])
     thread_event(
         thread=thread,
         kind=events.RUN_QUEUED,
@@ -139,6 +137,8 @@ def _queue(
             "agent": thread.agent_name,
             "version": thread.agent_version,
         },
+        # The thread's UPDATE in the event's statement: one round trip.
+        saves=[(thread, [*changed, "updated_at"])] if changed else (),
     )
     dispatch.run_dispatch(run.id)
     return run
