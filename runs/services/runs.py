@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, JSONField, OuterRef, Subquery
 from django.utils import timezone
 
 from audit import events
@@ -70,8 +71,27 @@ def _lock(thread: Thread) -> Thread:
     return locked
 
 
-def _has_active_run(thread: Thread) -> bool:
-    return Run.objects.filter(thread=thread, status__in=Run.ACTIVE).exists()
+# What a resume checks of the thread's runs, in one statement compiled once
+# per process (runs.fixed_queries): whether one is queued or running
+# (`active`), and the nodes the last interrupted one stopped before
+# (`waiting_nodes`). The thread's row is only the frame: nothing of it is read.
+_RESUME_CONTEXT = FixedQuery(
+    lambda pk: (
+        Thread.objects.filter(pk=pk)
+        .only("pk")
+        .annotate(
+            active=Exists(
+                Run.objects.filter(thread_id=OuterRef("pk"), status__in=Run.ACTIVE)
+            ),
+            waiting_nodes=Subquery(
+                selectors.waiting_nodes_query(OuterRef("pk")),
+                output_field=JSONField(),
+            ),
+        )
+        .order_by()
+    ),
+    -1,
+)
 
 
 # LangGraph's stream modes a run may publish (runs.streaming).
@@ -371,7 +391,8 @@ def run_resume_locked(
     if thread.deleted_at is not None:
         raise Thread.DoesNotExist(f"thread {thread.thread_id} was deleted")
     _bind_agent(thread, agent, version)
-    active = _has_active_run(thread)
+    (runs,) = _RESUME_CONTEXT(thread.pk)
+    active = runs.active
     if active and not behind_active_run:
         raise StateConflict(
             f"a run of thread {thread.thread_id} is queued or running; wait for it",
@@ -386,7 +407,7 @@ def run_resume_locked(
     patches.ensure_fits(thread, spec)
     graph = compiled(spec, thread.tenant)
     if not active:
-        ensure_nodes_exist(graph, selectors.waiting_nodes(thread), key=spec.key)
+        ensure_nodes_exist(graph, list(runs.waiting_nodes or []), key=spec.key)
     gates.check_resume(thread=thread, graph=graph, resume=resume, settled=settled)
     return _queue(
         thread=thread,
