@@ -3,15 +3,35 @@ of the people and openings around them."""
 
 from __future__ import annotations
 
+import uuid
+
 from django.contrib.auth import get_user_model
 
 from approvals.content import decision_detail, payload_of
 from approvals.desk_models import RequestOpening
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, Decision
 from approvals.plans import request_diff
 from approvals.reviewers import current_args
 from runs import permissions
 from runs.crypto import ThreadCipher
+from runs.fixed_queries import FixedQuery
+
+# A request's decisions, oldest first (Decision's ordering): on every decision
+# and detail read, so one statement compiled once per process
+# (runs.fixed_queries).
+_DECISIONS = FixedQuery(
+    lambda request_id: Decision.objects.filter(request_id=request_id),
+    uuid.UUID("5a3b1e00-0000-4000-8000-0000000dec15"),
+)
+
+
+def decisions_of(request: ApprovalRequest) -> list[Decision]:
+    """`request.decisions.all()`, each decision pointing at `request` (as the
+    related manager's would)."""
+    decisions = _DECISIONS(request.pk)
+    for decision in decisions:
+        decision.request = request
+    return decisions
 
 
 def approval_view(
@@ -23,7 +43,7 @@ def approval_view(
     cipher = ThreadCipher.for_thread(request.thread)
     request.payload = payload_of(request, cipher)
     if decisions is None:
-        decisions = list(request.decisions.all())
+        decisions = decisions_of(request)
     request.args = current_args(request.payload["args"], decisions, cipher)
     request.edits = request_diff(request, request.payload["args"], request.args)
     shown = []

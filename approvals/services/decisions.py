@@ -17,6 +17,7 @@ from approvals.reviewers import (
     counted_approvals,
     current_args,
 )
+from approvals.selectors import decisions_of
 from approvals.services.lifecycle import (
     approval_event,
     approval_resolve,
@@ -120,7 +121,7 @@ def approval_decide(
     request = locked_pending(approval, already_locked=already_locked)
     cipher = ThreadCipher.for_thread(request.thread)
     original = payload_of(request, cipher)["args"]
-    earlier = list(request.decisions.all())
+    earlier = decisions_of(request)
     current = current_args(original, earlier, cipher)
     if seen_args is not None and jsonable(current) != seen_args:
         raise RequestChanged(seen_args, jsonable(current))

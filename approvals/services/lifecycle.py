@@ -29,6 +29,7 @@ from audit import events
 from audit.services import Actor, record
 from runs.crypto import ThreadCipher
 from runs.errors import StateConflict
+from runs.fixed_queries import save_fields
 from runs.models import Run
 from runs.services import run_resume, run_resume_locked, thread_locked
 
@@ -144,7 +145,7 @@ def approval_settle(
     approval.status = status
     approval.decided_at = timezone.now()
     approval.resume_value = cipher.encrypt_value(resume_value, row=resume_row(approval))
-    approval.save(update_fields=["status", "decided_at", "resume_value"])
+    save_fields(approval, ("status", "decided_at", "resume_value"))
 
 
 def approval_resolve(
