@@ -217,7 +217,11 @@ def test_ciphertext_moved_to_another_row_of_the_thread_fails():
     saver = DjangoSaver(tenant=make_tenant())
     first = put_checkpoint(saver, "a", {"text": LONG + "1"})
     second = put_checkpoint(saver, "a", {"text": LONG + "2"}, parent=first)
-    older = ChannelBlob.objects.order_by("pk").first()
+    # The first checkpoint's blob (blobs have no insertion-ordered id).
+    first_versions = Checkpoint.objects.get(
+        checkpoint_id=first["configurable"]["checkpoint_id"]
+    ).blob_versions
+    older = ChannelBlob.objects.get(version=first_versions["text"])
     ChannelBlob.objects.exclude(pk=older.pk).update(value=older.value)
 
     assert saver.get_tuple(first).checkpoint["channel_values"]["text"] == LONG + "1"
