@@ -16,6 +16,7 @@ from langgraph.types import Interrupt
 
 from runs import patches, registry
 from runs.crypto import ThreadCipher
+from runs.fixed_queries import FixedQuery
 from runs.graphs import compile_for, thread_config
 from runs.models import Checkpoint, Run, Tenant, Thread
 
@@ -174,6 +175,55 @@ def version_skew(*, tenant: Tenant | None = None, sample: int = 5) -> list[Versi
                 ).values_list("tenant__slug", "thread_id")[: sample - len(row.threads)]
             ]
     return sorted(rows.values(), key=lambda row: (row.agent, row.version, row.problem))
+
+
+# A tenant's live thread by its client's id, and a run of it: the lookups of
+# most API requests (both APIs), compiled once per process
+# (runs.fixed_queries). A live thread's id is unique in its tenant (Thread's
+# constraint), a run's id everywhere: no ordering.
+_LIVE_THREAD = FixedQuery(
+    lambda tenant_pk, thread_id: (
+        Thread.objects.for_tenant(tenant_pk)
+        .select_related("tenant")
+        .filter(thread_id=thread_id)
+        .order_by()
+    ),
+    -1,
+    "\x00sample thread id",
+)
+_LIVE_RUN = FixedQuery(
+    lambda tenant_pk, thread_id, run_id: (
+        Run.objects.for_tenant(tenant_pk)
+        .filter(
+            thread__tenant=tenant_pk,
+            thread__thread_id=thread_id,
+            thread__deleted_at__isnull=True,
+            pk=run_id,
+        )
+        .select_related("thread__tenant")
+        .order_by()
+    ),
+    -1,
+    "\x00sample thread id",
+    uuid.UUID("5a3b1e00-0000-4000-8000-00000000a9a1"),
+)
+
+
+def live_thread(tenant: Tenant, thread_id: str) -> Thread | None:
+    """The tenant's live thread `thread_id`, with its tenant; another
+    tenant's, or a deleted one, is None."""
+    # str(): what the ORM's CharField makes of an id a request body carries.
+    return _first(_LIVE_THREAD(tenant.pk, str(thread_id)))
+
+
+def live_run(tenant: Tenant, thread_id: str, run_id) -> Run | None:
+    """Run `run_id` of the tenant's live thread `thread_id`, with the thread
+    and its tenant, in one statement; None otherwise."""
+    return _first(_LIVE_RUN(tenant.pk, str(thread_id), uuid.UUID(str(run_id))))
+
+
+def _first(rows: list) -> Any:
+    return rows[0] if rows else None
 
 
 def waiting_nodes_query(thread_id) -> QuerySet:

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agent_protocol.access import AUTHENTICATION, PERMISSIONS
-from runs import permissions
+from runs import permissions, selectors
 from runs.api.errors import ApiError
 from runs.models import Run, Scope, Thread
 
@@ -29,12 +29,7 @@ class ProtocolView(APIView):
 
     def thread(self, thread_id: str) -> Thread:
         """The caller's tenant's thread: another tenant's is not found."""
-        thread = (
-            Thread.objects.for_tenant(self.request.principal.tenant)
-            .select_related("tenant")
-            .filter(thread_id=thread_id)
-            .first()
-        )
+        thread = selectors.live_thread(self.request.principal.tenant, thread_id)
         if thread is None:
             raise exceptions.NotFound(f"Thread {thread_id} not found.")
         return thread
@@ -42,17 +37,7 @@ class ProtocolView(APIView):
     def run(self, thread_id: str, run_id) -> Run:
         """A run of the caller's tenant's thread, with the thread (and its
         tenant) read in the same query: joining or reading a run is one."""
-        run = (
-            Run.objects.for_tenant(self.request.principal.tenant)
-            .filter(
-                thread__tenant=self.request.principal.tenant,
-                thread__thread_id=thread_id,
-                thread__deleted_at__isnull=True,
-                pk=run_id,
-            )
-            .select_related("thread__tenant")
-            .first()
-        )
+        run = selectors.live_run(self.request.principal.tenant, thread_id, run_id)
         if run is None:
             self.thread(thread_id)  # the thread not found, if that is why
             raise exceptions.NotFound(f"Run {run_id} not found.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, generics, status
 from rest_framework.response import Response
@@ -86,12 +87,12 @@ class TenantThreadMixin(IdempotentWrites):
     required_scope = Scope.RUNS
 
     def get_thread(self) -> Thread:
-        return generics.get_object_or_404(
-            Thread.objects.for_tenant(self.request.principal.tenant).select_related(
-                "tenant"
-            ),
-            thread_id=self.kwargs["thread_id"],
+        thread = selectors.live_thread(
+            self.request.principal.tenant, self.kwargs["thread_id"]
         )
+        if thread is None:
+            raise Http404
+        return thread
 
 
 class AgentListView(APIView):
@@ -211,12 +212,9 @@ class RunDetailView(TenantThreadMixin, APIView):
     @extend_schema(responses=RunSerializer, summary="A run")
     def get(self, request, thread_id, run_id):
         # The run with its thread in one query: clients poll this.
-        run = generics.get_object_or_404(
-            Run.objects.for_tenant(request.principal.tenant)
-            .filter(thread__thread_id=thread_id, thread__deleted_at__isnull=True)
-            .select_related("thread__tenant"),
-            pk=run_id,
-        )
+        run = selectors.live_run(request.principal.tenant, thread_id, run_id)
+        if run is None:
+            raise Http404
         reveal = reads_content(request)
         if reveal:
             services.run_errors_read(

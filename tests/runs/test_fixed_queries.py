@@ -263,3 +263,27 @@ def test_the_thread_lock_on_sqlite_the_embedded_mode():
     with transaction.atomic(using="sqlite"):
         (locked,) = services.runs._LOCKED_THREAD(thread.pk, using="sqlite")
     assert (locked.pk, locked.tenant.pk) == (thread.pk, tenant.pk)
+
+
+def test_the_live_thread_and_run_lookups_keep_to_the_tenant_and_live_threads():
+    """runs.selectors.live_thread/live_run, compiled once, behind most API
+    requests: another tenant's thread or run, or a deleted thread's, is None."""
+    from runs import selectors
+
+    tenant, other = make_tenant(), make_tenant()
+    thread, (run,) = _thread_with_runs(tenant, 1)
+    theirs, (their_run,) = _thread_with_runs(other, 1)
+    found = selectors.live_thread(tenant, thread.thread_id)
+    assert (found.pk, found.tenant.pk) == (thread.pk, tenant.pk)
+    assert selectors.live_thread(tenant, theirs.thread_id) is None
+    got = selectors.live_run(tenant, thread.thread_id, str(run.pk))
+    assert (got.pk, got.thread.pk, got.thread.tenant.pk) == (
+        run.pk,
+        thread.pk,
+        tenant.pk,
+    )
+    assert selectors.live_run(tenant, theirs.thread_id, their_run.pk) is None
+    assert selectors.live_run(other, thread.thread_id, run.pk) is None
+    Thread.objects.filter(pk=thread.pk).update(deleted_at=timezone.now())
+    assert selectors.live_thread(tenant, thread.thread_id) is None
+    assert selectors.live_run(tenant, thread.thread_id, run.pk) is None
