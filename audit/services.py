@@ -110,9 +110,7 @@ def _next_seq(tenant_id: int, now: datetime.datetime) -> tuple[int, datetime.dat
             return row
         # The tenant's first event. Two first events may race here; the
         # conflict-ignoring insert lets both go on to the UPDATE.
-        AuditSequence.objects.bulk_create(
-            [AuditSequence(tenant_id=tenant_id)], ignore_conflicts=True
-        )
+        _sequence_row_create(tenant_id)
     raise RuntimeError(f"no audit sequence row for tenant {tenant_id}")
 
 
@@ -121,12 +119,13 @@ def _event(
     tenant: Tenant,
     kind: events.EventKind,
     actor: Actor,
-    thread_id: str,
-    run_id: str,
-    action: str,
-    data: dict[str, Any] | None,
+    thread_id: str = "",
+    run_id: str = "",
+    action: str = "",
+    data: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """The unsaved event, its data checked (see record)."""
+    """The unsaved event, its data checked (see record, whose keywords these
+    are, and record_with_write, which passes them through)."""
     declared = events.get(kind.name)
     cleaned = clean_data(data or {})
     run_id = str(run_id) if run_id else ""
@@ -208,17 +207,11 @@ Write = tuple[str, Sequence[Any]]
 
 
 def record_with_write(
-    *writes: Write,
-    tenant: Tenant,
-    kind: events.EventKind,
-    actor: Actor,
-    thread_id: str = "",
-    run_id: str = "",
-    action: str = "",
-    data: dict[str, Any] | None = None,
+    *writes: Write, **about: Any
 ) -> tuple[AuditEvent | None, list[tuple]]:
     """Run `writes` (each SQL and its parameters: an INSERT, UPDATE or DELETE
-    with a RETURNING clause) and record the event they are about, atomically:
+    with a RETURNING clause) and record the event they are about (`about`:
+    record()'s keywords), atomically:
     the event and the rows the first write returned. One write that returns
     no row records nothing and uses no number: (None, []); with several,
     each must return a row (DatabaseError otherwise, like a save that finds
@@ -243,15 +236,8 @@ def record_with_write(
             # cannot return (or SQLite before 3.35 dropping RETURNING from a
             # compiled insert) would commit without its event.
             raise ValueError(f"record_with_write needs RETURNING: {sql[:80]}")
-    event = _event(
-        tenant=tenant,
-        kind=kind,
-        actor=actor,
-        thread_id=thread_id,
-        run_id=run_id,
-        action=action,
-        data=data,
-    )
+    event = _event(**about)  # record()'s keywords
+    tenant = event.tenant
     autocommit = connection.get_autocommit()
     if (
         connection.vendor != "postgresql"
@@ -286,10 +272,8 @@ def record_with_write(
             if not (autocommit and _no_sequence_row(error)):
                 raise
             # The tenant's first event: the statement failed whole rather
-            # than write without its event. As in _next_seq.
-            AuditSequence.objects.bulk_create(
-                [AuditSequence(tenant_id=tenant.pk)], ignore_conflicts=True
-            )
+            # than write without its event.
+            _sequence_row_create(tenant.pk)
             continue
         if len(writes) > 1 and (not rows or rows[0][0] is None):
             raise _partial_write()
@@ -297,9 +281,7 @@ def record_with_write(
             return None, []
         if autocommit:
             _SEQUENCED.add(tenant.pk)
-        event.pk, event.seq, event.occurred_at = rows[0][:3]
-        event._state.adding = False
-        event._state.db = connection.alias
+        _inserted(event, rows[0][:3])
         _announce_on_commit(event)
         return event, [row[4:] for row in rows]
     raise RuntimeError(f"no audit sequence row for tenant {tenant.pk}")
@@ -447,17 +429,28 @@ def _insert_sequenced(event: AuditEvent, now: datetime.datetime) -> None:
             cursor.execute(sql, params)
             row = cursor.fetchone()
         if row is not None:
-            event.pk, event.seq, event.occurred_at = row
-            event._state.adding = False
-            event._state.db = connection.alias
+            _inserted(event, row)
             if event.tenant_id not in _SEQUENCED:
                 transaction.on_commit(partial(_SEQUENCED.add, event.tenant_id))
             return
-        # The tenant's first event: as in _next_seq.
-        AuditSequence.objects.bulk_create(
-            [AuditSequence(tenant_id=event.tenant_id)], ignore_conflicts=True
-        )
+        _sequence_row_create(event.tenant_id)  # the tenant's first event
     raise RuntimeError(f"no audit sequence row for tenant {event.tenant_id}")
+
+
+def _inserted(event: AuditEvent, row: Sequence[Any]) -> None:
+    """The event as saved, from its insert's RETURNING id, seq, occurred_at."""
+    event.pk, event.seq, event.occurred_at = row
+    event._state.adding = False
+    event._state.db = connection.alias
+
+
+def _sequence_row_create(tenant_id: int) -> None:
+    """The tenant's sequence row, for its first event: the statement that
+    found none is then run again. Two first events may race here; the
+    conflict-ignoring insert lets both go on."""
+    AuditSequence.objects.bulk_create(
+        [AuditSequence(tenant_id=tenant_id)], ignore_conflicts=True
+    )
 
 
 def announce_event(event: AuditEvent) -> None:
