@@ -47,7 +47,18 @@ class FixedQuery:
     """`build(*arguments)`: the queryset, of models, whose shape no argument
     changes. `samples`: one value per argument, of the type the compiled
     query's parameters hold (a UUID for a UUID key) and that no call passes:
-    how the first compilation finds where each argument goes."""
+    how the first compilation finds where each argument goes.
+
+    One instance serves every thread of a process (the web tier's request
+    threads too): what it keeps per alias is compiled once, under a lock,
+    and only read after, and each call runs on its own thread's connection.
+    The kept compiler holds the connection of the thread that compiled it
+    and passes it to the result converters; that is safe while no
+    converter uses it for anything but the vendor's features (none of
+    Django's or ours does on Postgres), which a converter that queries
+    would have to change. An argument goes in as given (a plain int where
+    Django sends an int8): psycopg types it by its size, so a query may be
+    prepared once per integer width."""
 
     def __init__(self, build: Callable[..., QuerySet], *samples: Any) -> None:
         self.build = build
