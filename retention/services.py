@@ -32,6 +32,7 @@ from django.db import connection, transaction
 from django.db.models import (
     Exists,
     OuterRef,
+    QuerySet,
 )
 from django.utils import timezone
 
@@ -52,6 +53,9 @@ CARRY_OUT_DELETION = "retention.carry_out_deletion"
 CARRY_OUT_DELETIONS = "retention.carry_out_deletions"
 RETENTION = Actor.system("retention")
 TTL_ACTOR = Actor.system("retention policy (checkpoint TTL)")
+# Threads closed per call when a request covers many: each call lists their
+# pks in its statements, which take at most 65535 parameters.
+_CLOSE_BATCH = 1000
 
 # --- policies ----------------------------------------------------------------------
 
@@ -365,9 +369,10 @@ def threads_remove(
 # --- deletion requests ------------------------------------------------------------
 
 
-def _lock_for_deletion(thread_pks: Iterable[int]) -> list[Thread]:
-    """Pending approvals, then threads: approval_decide's lock order."""
-    thread_pks = sorted(thread_pks)
+def _lock_for_deletion(thread_pks: Iterable[int] | QuerySet) -> list[Thread]:
+    """Pending approvals, then threads: approval_decide's lock order, each by
+    pk. `thread_pks` may be a queryset of pks (a subject's threads, however
+    many: a subquery, not one parameter per thread)."""
     list(
         ApprovalRequest.objects.filter(
             thread_id__in=thread_pks, status=ApprovalRequest.Status.PENDING
@@ -404,7 +409,13 @@ def _accept(
     held = [t for t in threads if tenant_held or t.legal_hold]
     free = [t for t in threads if not (tenant_held or t.legal_hold)]
     # Called with pending approvals locked first, so nothing is busy here.
-    threads_close(threads=free, actor=actor, reason="thread deleted on request")
+    # In batches: each lists its threads' pks in its statements.
+    for start in range(0, len(free), _CLOSE_BATCH):
+        threads_close(
+            threads=free[start : start + _CLOSE_BATCH],
+            actor=actor,
+            reason="thread deleted on request",
+        )
     request.status = (
         DeletionRequest.Status.ON_HOLD if held else DeletionRequest.Status.SHREDDED
     )
@@ -474,8 +485,9 @@ def subject_deletion_request(
         status=DeletionRequest.Status.SHREDDED,
         **_requester(actor),
     )
-    pks = subject_threads(tenant, subject).values_list("pk", flat=True)
-    threads = _lock_for_deletion(list(pks))
+    threads = _lock_for_deletion(
+        subject_threads(tenant, subject).values_list("pk", flat=True)
+    )
     return _accept(
         request=request, threads=threads, actor=actor, target="a data subject"
     )

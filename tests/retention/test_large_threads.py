@@ -12,7 +12,9 @@ from django.db import connection
 from django.utils import timezone
 
 from retention.jobs import job_run
-from retention.services import retention_policy_set
+from retention.selectors import subject_threads
+from retention.services import retention_policy_set, subject_deletion_request
+from runs.models import Thread
 from tests.factories import make_tenant
 from tests.retention.helpers import TESTS, make_thread
 from webhooks.models import WebhookDelivery
@@ -20,6 +22,7 @@ from webhooks.models import WebhookDelivery
 pytestmark = pytest.mark.django_db
 
 ROWS = 70_000  # more than 65535: one parameter per row would not fit
+SUBJECT = "jane.doe@example.com"
 
 
 def _deliveries(thread, rows: int) -> None:
@@ -54,3 +57,31 @@ def test_a_thread_with_70k_webhook_bodies_expires_and_the_next_tenant_too():
     assert kept.count() == ROWS  # deliveries stay, their bodies go
     assert not kept.exclude(sealed_body=None).exists()
     assert big.removal.removed["webhook_bodies"] == ROWS
+
+
+def test_a_subject_with_70k_threads_is_deleted():
+    """Its threads locked by a subquery and closed in batches: never one
+    parameter per thread in a statement."""
+    tenant = make_tenant()
+    first = make_thread(tenant, "s-0", steps=1, subject=SUBJECT, with_content=False)
+    columns = [
+        f.column
+        for f in Thread._meta.concrete_fields
+        if f.column not in ("id", "thread_id")
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO runs_thread (thread_id, {', '.join(columns)}) "
+            f"SELECT 's-' || i, {', '.join(columns)} FROM runs_thread, "
+            "generate_series(1, %s) i WHERE id = %s",
+            [ROWS - 1, first.pk],
+        )
+
+    request = subject_deletion_request(tenant=tenant, subject=SUBJECT, actor=TESTS)
+
+    assert request.status == "shredded"
+    assert request.record["threads_shredded"] == ROWS
+    assert not subject_threads(tenant, SUBJECT).exists()
+    assert not Thread.objects.filter(
+        tenant=tenant, wrapped_data_key__isnull=False
+    ).exists()
