@@ -23,7 +23,7 @@ from approvals.selectors import approval_view
 from approvals.services import Reviewer, approval_decide, approval_read
 from runs import permissions
 from runs.api.idempotency import IdempotentWrites
-from runs.api.serializers import ErrorSerializer
+from runs.api.serializers import ErrorSerializer, represent
 from runs.api.views import actor_for
 from runs.fixed_queries import FixedQuery
 from runs.models import Scope
@@ -90,14 +90,7 @@ def _render(
         "decisions": shown.decisions_shown,
         **extra,
     }
-    return _SHARED[serializer_class].to_representation(data)
-
-
-# One instance of each answer's serializer per process. Instantiating one
-# builds its fields anew (deep copies, and a ModelSerializer reads its model's
-# fields): ~10 % of a decision's web CPU. to_representation keeps nothing on
-# the instance (no context is given), so the requests share it.
-_SHARED = {cls: cls() for cls in (ApprovalSerializer, DecisionResultSerializer)}
+    return represent(serializer_class, data)
 
 
 class ApprovalListView(generics.ListAPIView):
@@ -114,6 +107,14 @@ class ApprovalListView(generics.ListAPIView):
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return ApprovalRequest.objects.none()
         return _tenant_requests(self.request)
+
+    def list(self, request, *args, **kwargs):
+        # ListModelMixin.list with the page rendered by a shared serializer
+        # (runs.api.serializers.represent); the list is always paginated.
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(
+            represent(ApprovalSummarySerializer, page, many=True)
+        )
 
 
 class ApprovalDetailView(APIView):

@@ -29,6 +29,7 @@ from runs.api.serializers import (
     ThreadCreateSerializer,
     ThreadDetailSerializer,
     ThreadSerializer,
+    represent,
 )
 from runs.errors import InvalidRequest
 from runs.models import Run, Scope, Thread
@@ -144,7 +145,9 @@ class ThreadListCreateView(IdempotentWrites, generics.ListAPIView):
             thread_id=body.get("thread_id"),
             metadata=body.get("metadata"),
         )
-        return Response(ThreadSerializer(thread).data, status=status.HTTP_201_CREATED)
+        return Response(
+            represent(ThreadSerializer, thread), status=status.HTTP_201_CREATED
+        )
 
 
 class ThreadDetailView(TenantThreadMixin, APIView):
@@ -159,7 +162,7 @@ class ThreadDetailView(TenantThreadMixin, APIView):
                 thread=thread, actor=actor_for(request)
             )
         thread.pending_approvals = selectors.pending_approval_ids(thread)
-        return Response(ThreadDetailSerializer(thread).data)
+        return Response(represent(ThreadDetailSerializer, thread))
 
 
 class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
