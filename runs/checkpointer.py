@@ -1505,23 +1505,27 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         if not run_ids:
             return
         thread_connections.bind(self.using)
+        # The caller's list has no cap: every filter on it goes in batches.
+        run_batches = list(storage.id_batches(run_ids, using=self.using))
         with transaction.atomic(using=self.using):
-            thread_pks = (
-                self._checkpoints()
-                .filter(run_id__in=run_ids)
+            thread_pks = {
+                thread_pk
+                for batch in run_batches
+                for thread_pk in self._checkpoints()
+                .filter(run_id__in=batch)
                 .values_list("thread_id", flat=True)
                 .distinct()
-            )
-            threads = storage.threads_lock(
-                self._threads().filter(pk__in=list(thread_pks), deleted_at__isnull=True)
-            )
+            }
+            locked = self._lock_live_threads(sorted(thread_pks))
             doomed: dict[tuple[int, str], list[str]] = defaultdict(list)
-            for thread_pk, ns, checkpoint_id in (
-                Checkpoint.objects.using(self.using)
-                .filter(thread__in=threads, run_id__in=run_ids)
-                .values_list("thread_id", "checkpoint_ns", "checkpoint_id")
-            ):
-                doomed[(thread_pk, ns)].append(checkpoint_id)
+            for batch in run_batches:
+                for thread_pk, ns, checkpoint_id in (
+                    Checkpoint.objects.using(self.using)
+                    .filter(thread__tenant_id=self.tenant.pk, run_id__in=batch)
+                    .values_list("thread_id", "checkpoint_ns", "checkpoint_id")
+                ):
+                    if thread_pk in locked:
+                        doomed[(thread_pk, ns)].append(checkpoint_id)
             for (thread_pk, ns), checkpoint_ids in doomed.items():
                 storage.checkpoints_delete(
                     thread_pk=thread_pk,
@@ -1529,6 +1533,28 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                     checkpoint_ids=checkpoint_ids,
                     using=self.using,
                 )
+
+    def _lock_live_threads(self, thread_pks: list[int]) -> set[int]:
+        """Lock this tenant's live threads among `thread_pks` (sorted, so the
+        batches lock in pk order as one statement would); their pks."""
+        locked: set[int] = set()
+        for batch in storage.id_batches(thread_pks, using=self.using):
+            threads = storage.threads_lock(
+                self._threads().filter(pk__in=batch, deleted_at__isnull=True)
+            )
+            locked.update(thread.pk for thread in threads)
+        return locked
+
+    def _live_thread_pks(self, thread_ids: list[str]) -> list[int]:
+        """The pks of this tenant's live threads among `thread_ids`, sorted."""
+        pks: list[int] = []
+        for batch in storage.id_batches(thread_ids, using=self.using):
+            pks.extend(
+                self._threads()
+                .filter(thread_id__in=batch, deleted_at__isnull=True)
+                .values_list("pk", flat=True)
+            )
+        return sorted(pks)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write, re-encrypted for the target."""
@@ -1659,22 +1685,26 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         if not thread_ids:
             return
         thread_connections.bind(self.using)
-        live = self._threads().filter(thread_id__in=thread_ids, deleted_at__isnull=True)
+        # The caller's list has no cap: every filter on it goes in batches.
+        live = self._live_thread_pks(thread_ids)
         if strategy == "delete":
             with transaction.atomic(using=self.using):
-                threads = storage.threads_lock(live)
-                storage.content_delete(
-                    thread_pks=[thread.pk for thread in threads], using=self.using
-                )
+                locked = self._lock_live_threads(live)
+                for batch in storage.id_batches(sorted(locked), using=self.using):
+                    storage.content_delete(thread_pks=batch, using=self.using)
             return
         if delta := sorted(
-            live.filter(uses_delta_channels=True).values_list("thread_id", flat=True)
+            thread_id
+            for batch in storage.id_batches(live, using=self.using)
+            for thread_id in self._threads()
+            .filter(pk__in=batch, uses_delta_channels=True)
+            .values_list("thread_id", flat=True)
         ):
             raise NotImplementedError(
                 "keep_latest can't prune threads that use a DeltaChannel: "
                 + ", ".join(delta)
             )
-        for pk in live.order_by("pk").values_list("pk", flat=True):
+        for pk in live:
             with transaction.atomic(using=self.using):
                 threads = storage.threads_lock(
                     Thread.objects.using(self.using).filter(

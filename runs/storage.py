@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,26 @@ def threads_lock(queryset) -> list[Thread]:
     """The threads of `queryset`, locked FOR UPDATE in pk order, so that two
     operations on overlapping threads never deadlock."""
     return list(queryset.select_for_update(of=("self",)).order_by("pk"))
+
+
+# Ids of a caller's list per `__in` filter: far under the parameters one
+# statement takes (65535 on Postgres with server-side binding, config.postgresql).
+_IDS_PER_FILTER = 10_000
+
+
+def id_batches(ids: Sequence, *, using: str | None = None) -> Iterator[list]:
+    """`ids` in lists that each fit one `__in` filter on the database `using`.
+
+    A list from a caller (LangGraph's `delete_for_runs` and `prune`) has no
+    cap, and an `__in` filter takes one parameter per id: past the
+    database's limit the statement fails, on Postgres and SQLite alike. Half
+    the limit leaves room for the statement's other parameters.
+    """
+    limit = connections[using or DEFAULT_DB_ALIAS].features.max_query_params
+    size = min(_IDS_PER_FILTER, limit // 2) if limit else _IDS_PER_FILTER
+    ids = list(ids)
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
 
 
 # --- shredding -------------------------------------------------------------------

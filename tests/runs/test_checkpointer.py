@@ -797,3 +797,51 @@ def test_rotation_skips_shredded_threads_and_names_keys_missing_from_the_ring():
         with pytest.raises(CommandError, match="old \\(1 threads\\)"):
             call_command("rotate_master_key", verbosity=0)
     assert Thread.objects.get(thread_id="a", deleted_at=None).data_key_id == "old"
+
+
+# --- caller lists past a statement's parameter limit ---------------------------------
+
+# More ids than one Postgres statement takes as parameters (65535).
+MANY = 70_000
+
+
+def _many_ids(*real: str) -> list[str]:
+    return [*real, *(f"absent-{n}" for n in range(MANY))]
+
+
+def _saver_on(db: str) -> DjangoSaver:
+    if db == "default":
+        return DjangoSaver(tenant=make_tenant())
+    from runs.models import Tenant
+
+    tenant = Tenant.objects.using(db).create(slug="many-ids", name="M")
+    return DjangoSaver(tenant=tenant, using=db)
+
+
+@pytest.mark.parametrize("db", ["default", "sqlite"])
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_delete_for_runs_and_prune_take_70000_ids(db):
+    """LangGraph passes run and thread ids as one list with no cap: one `__in`
+    of 70,000 ids failed on Postgres with server-side binding ("number of
+    parameters must be between 0 and 65535"); the embedded mode (SQLite)
+    takes the same call in its batches."""
+    saver = _saver_on(db)
+    checkpoints = Checkpoint.objects.using(db)
+    first = put_checkpoint(saver, "a", {"text": LONG + "1"}, run_id="run-a")
+    put_checkpoint(saver, "a", {"text": LONG + "2"}, parent=first, run_id="run-a")
+    kept = put_checkpoint(saver, "b", {"text": "b1"}, run_id="run-b")
+    latest = put_checkpoint(saver, "b", {"text": "b2"}, parent=kept, run_id="run-b")
+    put_checkpoint(saver, "c", {"text": "c1"}, run_id="run-c")
+
+    saver.delete_for_runs(_many_ids("run-a"))
+    assert not checkpoints.filter(thread__thread_id="a").exists()
+    assert checkpoints.filter(thread__thread_id="b").count() == 2
+
+    saver.prune(_many_ids("b"), strategy="keep_latest")
+    assert list(
+        checkpoints.filter(thread__thread_id="b").values_list("checkpoint_id", flat=True)
+    ) == [latest["configurable"]["checkpoint_id"]]
+
+    saver.prune(_many_ids("c"), strategy="delete")
+    assert not checkpoints.filter(thread__thread_id="c").exists()
+    assert checkpoints.filter(thread__thread_id="b").count() == 1
