@@ -173,7 +173,7 @@ def thread_create(
     _check_thread_id(thread_id)
     spec = _agent_spec(agent) if agent is not None else None
     clear_metadata, subject = _metadata_for(spec, metadata or {})
-    if Thread.objects.for_tenant(tenant).filter(thread_id=thread_id).exists():
+    if selectors.live_thread(tenant, thread_id) is not None:
         raise StateConflict(f"thread {thread_id} already exists", code="thread_exists")
     thread = Thread.objects.create_with_data_key(
         tenant=tenant,
