@@ -12,7 +12,6 @@ its thread (approvals.services.lifecycle).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -27,9 +26,7 @@ from approvals.services import (
     approval_expire,
     orphan_reason,
 )
-from runs.sweeps import Sweep, SweepResult, after
-
-logger = logging.getLogger(__name__)
+from runs.sweeps import Sweep, SweepResult, after, isolated
 
 # Each request's work takes up to four savepoints (its own, its audit event's,
 # a resume's and that one's event); Postgres slows every session's snapshots
@@ -46,20 +43,6 @@ def _batch(queryset, batch_size: int, dry_run: bool) -> list[ApprovalRequest]:
             skip_locked=True, of=("self",), no_key=True
         )
     return list(queryset.order_by("due_at", "pk")[:batch_size])
-
-
-def _guarded(
-    result: SweepResult, approval: ApprovalRequest, counter: str, work: Callable
-) -> None:
-    """One request's work in a savepoint: a broken row is counted, not fatal."""
-    try:
-        with transaction.atomic():
-            work()
-    except Exception:
-        logger.exception("approval %s: sweep failed on it; left as it is", approval.pk)
-        result.add(approval.tenant_id, "errors")
-    else:
-        result.add(approval.tenant_id, counter)
 
 
 def _describe(approval: ApprovalRequest, what: str, why: str = "") -> str:
@@ -124,15 +107,19 @@ def _sweep(sweep: Sweep, pending, due: Callable[[ApprovalRequest], Due]) -> Swee
             if not batch:
                 break
             for approval in batch:
-                found = due(approval)
-                if found is None:
-                    continue
-                counter, what, why, work = found
-                if sweep.dry_run:
+                # A broken request is counted and left as it is (its
+                # savepoint rolled back); the batch goes on.
+                with isolated(result, approval.tenant_id, f"approval {approval.pk}"):
+                    with transaction.atomic():
+                        found = due(approval)
+                        if found is None:
+                            continue
+                        counter, what, why, work = found
+                        if not sweep.dry_run:
+                            work()
+                    if sweep.dry_run:
+                        result.plan.append(_describe(approval, what, why))
                     result.add(approval.tenant_id, counter)
-                    result.plan.append(_describe(approval, what, why))
-                else:
-                    _guarded(result, approval, counter, work)
             cursor = (batch[-1].due_at, batch[-1].pk)
         sweep.tick(len(batch))
     return result

@@ -4,7 +4,10 @@ Every job is a function `(Sweep) -> SweepResult` that works in batches, each one
 FOR UPDATE SKIP LOCKED (Postgres): two runs at once never handle one row
 twice and never wait for each other, and a run killed midway loses only its
 open batch, which the next run does again. A dry run reads the same rows
-without locking or changing anything and lists what it would do.
+without locking or changing anything and lists what it would do. A step that
+fails (a batch, then each of its threads alone; a request; a tenant) is
+counted as `errors`, logged and skipped, and the job goes on
+(runs.sweeps.batch_or_each, isolated); a database outage fails the job.
 
 `job_run()` runs one job and records one `retention.job_ran` audit event with
 its counts in each tenant it changed something for (the trail is per tenant,
@@ -35,7 +38,15 @@ from retention import services
 from retention.models import DeletionRequest
 from runs import dispatch, selectors, storage
 from runs.models import Checkpoint, Run, Tenant, Thread
-from runs.sweeps import Progress, Sweep, SweepResult, after, out_of_time
+from runs.sweeps import (
+    Progress,
+    Sweep,
+    SweepResult,
+    after,
+    batch_or_each,
+    isolated,
+    out_of_time,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,48 +95,73 @@ def expirable_threads(tenant: Tenant, now: datetime):
 
 def expire_threads(sweep: Sweep) -> SweepResult:
     """Shred and remove threads idle past their TTL; their audit trail stays."""
-    now = sweep.now
     result = SweepResult()
     for tenant in _tenants():
-        candidates = expirable_threads(tenant, now)
-        if sweep.dry_run:
-            found = candidates.annotate(
-                checkpoint_rows=Count("checkpoints")
-            ).values_list("thread_id", "checkpoint_rows")
-            for thread_id, rows in found.iterator():
-                result.add(tenant.pk, "threads_expired")
-                result.add(tenant.pk, "checkpoints", rows)
-                result.plan.append(
-                    f"expire thread {tenant.slug}/{thread_id} ({rows} checkpoints)"
-                )
-            continue
-        cursor = 0
-        while not sweep.out_of_time():
-            with transaction.atomic():
-                if services.tenant_on_hold(tenant, lock=True):
-                    break  # placed since the run started
-                batch = list(
-                    candidates.filter(pk__gt=cursor)
-                    .select_related("tenant")
-                    .select_for_update(skip_locked=True, of=("self",))
-                    .order_by("pk")[: sweep.batch_size]
-                )
-                if not batch:
-                    break
-                removed, busy = services.threads_remove(
-                    threads=batch,
-                    requested_by=services.TTL_ACTOR,
-                    reason="checkpoint TTL",
-                )
-                for counts in removed.values():
-                    result.add(tenant.pk, "threads_expired")
-                    for name, rows in counts.items():
-                        result.add(tenant.pk, name, rows)
-                if busy:
-                    result.add(tenant.pk, "threads_busy", len(busy))
-                cursor = batch[-1].pk
-            sweep.tick(len(batch))
+        with isolated(result, tenant.pk, "expire_threads: the tenant"):
+            candidates = expirable_threads(tenant, sweep.now)
+            if sweep.dry_run:
+                _plan_expiry(result, tenant, candidates)
+            else:
+                _expire_tenant(sweep, result, tenant, candidates)
     return result
+
+
+def _plan_expiry(result: SweepResult, tenant: Tenant, candidates) -> None:
+    found = candidates.annotate(checkpoint_rows=Count("checkpoints")).values_list(
+        "thread_id", "checkpoint_rows"
+    )
+    for thread_id, rows in found.iterator():
+        result.add(tenant.pk, "threads_expired")
+        result.add(tenant.pk, "checkpoints", rows)
+        result.plan.append(
+            f"expire thread {tenant.slug}/{thread_id} ({rows} checkpoints)"
+        )
+
+
+def _expire_tenant(sweep: Sweep, result: SweepResult, tenant: Tenant, candidates):
+    lockable = (
+        candidates.select_related("tenant")
+        .select_for_update(skip_locked=True, of=("self",))
+        .order_by("pk")
+    )
+
+    def expire(pks: list[int]) -> Counter | None:
+        with transaction.atomic():
+            if services.tenant_on_hold(tenant, lock=True):
+                return None  # placed since the run started
+            return _expire(list(lockable.filter(pk__in=pks)))
+
+    cursor = 0
+    while not sweep.out_of_time():
+        pks = list(
+            candidates.filter(pk__gt=cursor)
+            .order_by("pk")
+            .values_list("pk", flat=True)[: sweep.batch_size]
+        )
+        if not pks:
+            return
+        # The cursor passes a thread that failed: the next run, from 0 again,
+        # tries it again, and it holds back no later thread meanwhile.
+        if not batch_or_each(
+            result, tenant.pk, pks, expire, what="expire_threads: thread pk"
+        ):
+            return
+        cursor = pks[-1]
+        sweep.tick(len(pks))
+
+
+def _expire(threads: list[Thread]) -> Counter:
+    """Remove `threads` (locked, in the caller's transaction); the counts."""
+    removed, busy = services.threads_remove(
+        threads=threads, requested_by=services.TTL_ACTOR, reason="checkpoint TTL"
+    )
+    counts: Counter = Counter()
+    for rows in removed.values():
+        counts["threads_expired"] += 1
+        counts.update(rows)
+    if busy:
+        counts["threads_busy"] += len(busy)
+    return counts
 
 
 # --- prune checkpoints to the latest N ------------------------------------------
@@ -151,13 +187,21 @@ def prune_checkpoints(sweep: Sweep) -> SweepResult:
     """
     result = SweepResult()
     for tenant in _tenants():
-        _prune_tenant(sweep, result, tenant)
+        with isolated(result, tenant.pk, "prune_checkpoints: the tenant"):
+            _prune_tenant(sweep, result, tenant)
     return result
 
 
 def _prune_tenant(sweep: Sweep, result: SweepResult, tenant: Tenant) -> None:
     keep = services.policy_for(tenant).keep_latest_checkpoints
     threads = _prunable(tenant)
+
+    def prune(pks: list[int]) -> Counter | None:
+        with transaction.atomic():
+            if services.tenant_on_hold(tenant, lock=True):
+                return None  # placed since the run started
+            return _prune(threads, pks, keep)
+
     cursor = 0
     while not sweep.out_of_time():
         page = list(
@@ -181,26 +225,32 @@ def _prune_tenant(sweep: Sweep, result: SweepResult, tenant: Tenant) -> None:
             if sweep.dry_run:
                 _plan_prune(result, tenant, chunk, keep)
                 continue
-            with transaction.atomic():
-                if services.tenant_on_hold(tenant, lock=True):
-                    return  # placed since the run started
-                locked = list(
-                    threads.filter(pk__in=chunk)
-                    .exclude(_active_run())
-                    .select_for_update(skip_locked=True, of=("self",))
-                    .order_by("pk")
-                )
-                removed = storage.checkpoints_prune(
-                    thread_pks=[thread.pk for thread in locked], keep=keep
-                )
-                for counts in removed.values():
-                    result.add(tenant.pk, "threads_pruned")
-                    for name, rows in counts.items():
-                        result.add(tenant.pk, name, rows)
-                skipped = len(chunk) - len(locked)
-                if skipped:
-                    result.add(tenant.pk, "threads_busy", skipped)
+            if not batch_or_each(
+                result, tenant.pk, chunk, prune, what="prune_checkpoints: thread pk"
+            ):
+                return
             sweep.tick(len(chunk))
+
+
+def _prune(threads, thread_pks: list[int], keep: int) -> Counter:
+    """Prune those of `threads` among `thread_pks` that nothing runs on,
+    locked SKIP LOCKED in the caller's transaction; the counts."""
+    locked = list(
+        threads.filter(pk__in=thread_pks)
+        .exclude(_active_run())
+        .select_for_update(skip_locked=True, of=("self",))
+        .order_by("pk")
+    )
+    removed = storage.checkpoints_prune(
+        thread_pks=[thread.pk for thread in locked], keep=keep
+    )
+    counts: Counter = Counter()
+    for rows in removed.values():
+        counts["threads_pruned"] += 1
+        counts.update(rows)
+    if skipped := len(thread_pks) - len(locked):
+        counts["threads_busy"] += skipped
+    return counts
 
 
 def _plan_prune(result: SweepResult, tenant: Tenant, thread_pks, keep: int) -> None:
@@ -248,27 +298,33 @@ def carry_out_deletions(sweep: Sweep) -> SweepResult:
         if request is None:
             break
         cursor = (request.created_at, request.pk)
-        if sweep.dry_run:
-            _plan_deletion(result, request)
-            continue
-        while not sweep.out_of_time():
-            step = services.deletion_carry_out(
-                request=request, batch_size=sweep.batch_size
-            )
-            if step is None:
-                break  # another sweep holds it, or it is no longer open
-            for counts in step.removed.values():
-                result.add(request.tenant_id, "threads_removed")
-                for name, rows in counts.items():
-                    result.add(request.tenant_id, name, rows)
-            if step.busy:
-                result.add(request.tenant_id, "threads_busy", step.busy)
-            sweep.tick(len(step.removed))
-            if step.request.status == DeletionRequest.Status.COMPLETED:
-                result.add(request.tenant_id, "requests_completed")
-            if not step.removed or not step.request.is_open:
-                break
+        # A request that fails is left for the next run; the others go on.
+        with isolated(
+            result, request.tenant_id, f"carry_out_deletions: request {request.pk}"
+        ):
+            if sweep.dry_run:
+                _plan_deletion(result, request)
+            else:
+                _carry_out(sweep, result, request)
     return result
+
+
+def _carry_out(sweep: Sweep, result: SweepResult, request: DeletionRequest) -> None:
+    while not sweep.out_of_time():
+        step = services.deletion_carry_out(request=request, batch_size=sweep.batch_size)
+        if step is None:
+            return  # another sweep holds it, or it is no longer open
+        for counts in step.removed.values():
+            result.add(request.tenant_id, "threads_removed")
+            for name, rows in counts.items():
+                result.add(request.tenant_id, name, rows)
+        if step.busy:
+            result.add(request.tenant_id, "threads_busy", step.busy)
+        sweep.tick(len(step.removed))
+        if step.request.status == DeletionRequest.Status.COMPLETED:
+            result.add(request.tenant_id, "requests_completed")
+        if not step.removed or not step.request.is_open:
+            return
 
 
 def _plan_deletion(result: SweepResult, request: DeletionRequest) -> None:
@@ -326,14 +382,15 @@ def seal_audit(sweep: Sweep) -> SweepResult:
             result.plan.append(f"seal {unsealed} audit event(s) of {slug}")
         return result
     for tenant_id in sealing.pending_tenant_ids():
-        while not sweep.out_of_time():
-            sealed = sealing.seal_tenant(tenant_id=tenant_id)
-            if sealed:
-                result.add(tenant_id, "blocks_sealed")
-                result.add(tenant_id, "events_sealed", sealed)
-                sweep.tick(sealed)
-            if sealed < sealing.MAX_BLOCK_EVENTS:
-                break
+        with isolated(result, tenant_id, "seal_audit: the tenant"):
+            while not sweep.out_of_time():
+                sealed = sealing.seal_tenant(tenant_id=tenant_id)
+                if sealed:
+                    result.add(tenant_id, "blocks_sealed")
+                    result.add(tenant_id, "events_sealed", sealed)
+                    sweep.tick(sealed)
+                if sealed < sealing.MAX_BLOCK_EVENTS:
+                    break
     return result
 
 
@@ -343,33 +400,37 @@ def purge_audit(sweep: Sweep) -> SweepResult:
     Whole sealed blocks only, so the chain stays verifiable; the purge
     leaves its own `audit.purged` event. Tenants under legal hold keep all.
     """
-    now = sweep.now
     result = SweepResult()
     for tenant in _tenants():
         if sweep.out_of_time():
             break
-        before = now - services.policy_for(tenant).audit_retention
-        if sweep.dry_run:
-            purgeable = audit_selectors.purgeable_events(tenant=tenant, before=before)
-            if purgeable is not None and purgeable[1]:
-                cut, old = purgeable
-                result.add(tenant.pk, "events_purged", old)
-                result.plan.append(
-                    f"purge {old} audit event(s) of {tenant.slug} through "
-                    f"#{cut.through_seq} (older than {before:%Y-%m-%d})"
-                )
-            continue
-        with transaction.atomic():
-            if services.tenant_on_hold(tenant, lock=True):
-                continue
-            purged = purge_before(
-                tenant=tenant, before=before, actor=Actor.system("retention")
-            )
-        if purged.events:
-            result.add(tenant.pk, "events_purged", purged.events)
-            result.add(tenant.pk, "blocks_purged", purged.blocks)
-            sweep.tick(purged.events)
+        with isolated(result, tenant.pk, "purge_audit: the tenant"):
+            _purge_tenant(sweep, result, tenant)
     return result
+
+
+def _purge_tenant(sweep: Sweep, result: SweepResult, tenant: Tenant) -> None:
+    before = sweep.now - services.policy_for(tenant).audit_retention
+    if sweep.dry_run:
+        purgeable = audit_selectors.purgeable_events(tenant=tenant, before=before)
+        if purgeable is not None and purgeable[1]:
+            cut, old = purgeable
+            result.add(tenant.pk, "events_purged", old)
+            result.plan.append(
+                f"purge {old} audit event(s) of {tenant.slug} through "
+                f"#{cut.through_seq} (older than {before:%Y-%m-%d})"
+            )
+        return
+    with transaction.atomic():
+        if services.tenant_on_hold(tenant, lock=True):
+            return
+        purged = purge_before(
+            tenant=tenant, before=before, actor=Actor.system("retention")
+        )
+    if purged.events:
+        result.add(tenant.pk, "events_purged", purged.events)
+        result.add(tenant.pk, "blocks_purged", purged.blocks)
+        sweep.tick(purged.events)
 
 
 # --- the registry and the runner ----------------------------------------------------

@@ -839,7 +839,9 @@ def test_delete_for_runs_and_prune_take_70000_ids(db):
 
     saver.prune(_many_ids("b"), strategy="keep_latest")
     assert list(
-        checkpoints.filter(thread__thread_id="b").values_list("checkpoint_id", flat=True)
+        checkpoints.filter(thread__thread_id="b").values_list(
+            "checkpoint_id", flat=True
+        )
     ) == [latest["configurable"]["checkpoint_id"]]
 
     saver.prune(_many_ids("c"), strategy="delete")

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from retention.jobs import JOBS, describe_counts, job_run
 from runs.management.commands._helpers import progress_bar
+from runs.sweeps import ERRORS
 
 
 class Command(BaseCommand):
@@ -81,8 +82,15 @@ class Command(BaseCommand):
             if len(report.plan) > len(shown):
                 self.stdout.write(f"  … and {len(report.plan) - len(shown)} more")
         verb = "would do" if dry_run else "done"
+        summary = f"  {verb}: {describe_counts(report.totals)} ({report.seconds:.1f} s)"
+        errors = report.totals[ERRORS]
+        if not errors:
+            self.stdout.write(self.style.SUCCESS(summary))
+            return
+        self.stdout.write(self.style.WARNING(summary))
         self.stdout.write(
-            self.style.SUCCESS(
-                f"  {verb}: {describe_counts(report.totals)} ({report.seconds:.1f} s)"
+            self.style.WARNING(
+                f"  {errors} failed and were skipped (the others went on); the "
+                "next run tries them again. Which, and why: the log of runs.sweeps."
             )
         )
