@@ -5,7 +5,7 @@ FOR UPDATE SKIP LOCKED (Postgres): two runs at once never handle one row
 twice and never wait for each other, and a run killed midway loses only its
 open batch, which the next run does again. A dry run reads the same rows
 without locking or changing anything and lists what it would do. A step that
-fails (a batch, then each of its threads alone; a request; a tenant) is
+fails (a batch, then each of its threads alone; an approval; a tenant) is
 counted as `errors`, logged and skipped, and the job goes on
 (runs.sweeps.batch_or_each, isolated); a database outage fails the job.
 
@@ -310,21 +310,46 @@ def carry_out_deletions(sweep: Sweep) -> SweepResult:
 
 
 def _carry_out(sweep: Sweep, result: SweepResult, request: DeletionRequest) -> None:
-    while not sweep.out_of_time():
-        step = services.deletion_carry_out(request=request, batch_size=sweep.batch_size)
+    """The request's threads a batch at a time, the cursor passing a thread
+    that failed (tried again by the next run), so that it holds back none of
+    the request's other threads."""
+    unheld = services.request_threads(request).filter(legal_hold=False)
+    still_open = True
+
+    def carry_out(pks: list[int]) -> Counter | None:
+        nonlocal still_open
+        step = services.deletion_carry_out(
+            request=request, batch_size=max(len(pks), 1), thread_pks=pks
+        )
         if step is None:
-            return  # another sweep holds it, or it is no longer open
-        for counts in step.removed.values():
-            result.add(request.tenant_id, "threads_removed")
-            for name, rows in counts.items():
-                result.add(request.tenant_id, name, rows)
+            return None  # another sweep holds it, or it is no longer open
+        still_open = step.request.is_open
+        counts: Counter = Counter()
+        for rows in step.removed.values():
+            counts["threads_removed"] += 1
+            counts.update(rows)
         if step.busy:
-            result.add(request.tenant_id, "threads_busy", step.busy)
-        sweep.tick(len(step.removed))
+            counts["threads_busy"] += step.busy
         if step.request.status == DeletionRequest.Status.COMPLETED:
-            result.add(request.tenant_id, "requests_completed")
-        if not step.removed or not step.request.is_open:
+            counts["requests_completed"] += 1
+        return counts
+
+    cursor = 0
+    what = f"carry_out_deletions: request {request.pk}, thread pk"
+    while still_open and not sweep.out_of_time():
+        pks = list(
+            unheld.filter(pk__gt=cursor)
+            .order_by("pk")
+            .values_list("pk", flat=True)[: sweep.batch_size]
+        )
+        # No thread left to take (or only held ones): one step all the same,
+        # which completes the request or puts it on hold.
+        if not batch_or_each(result, request.tenant_id, pks, carry_out, what=what):
             return
+        if not pks:
+            return
+        cursor = pks[-1]
+        sweep.tick(len(pks))
 
 
 def _plan_deletion(result: SweepResult, request: DeletionRequest) -> None:

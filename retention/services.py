@@ -515,9 +515,13 @@ class CarryOutStep:
 
 
 def deletion_carry_out(
-    *, request: DeletionRequest, batch_size: int = 50
+    *,
+    request: DeletionRequest,
+    batch_size: int = 50,
+    thread_pks: Sequence[int] | None = None,
 ) -> CarryOutStep | None:
-    """One step of a request: remove up to `batch_size` of its threads.
+    """One step of a request: remove up to `batch_size` of its threads (those
+    of them among `thread_pks`, if given: the sweep's batch).
 
     One transaction; the request row is locked SKIP LOCKED, so a second sweep
     passes it by (None). Held threads wait; when only they remain the request
@@ -537,9 +541,11 @@ def deletion_carry_out(
         if tenant_held:
             candidates = []
         else:
+            unheld = remaining.filter(legal_hold=False)
+            if thread_pks is not None:
+                unheld = unheld.filter(pk__in=list(thread_pks))
             candidates = list(
-                remaining.filter(legal_hold=False)
-                .select_related("tenant")
+                unheld.select_related("tenant")
                 .select_for_update(skip_locked=True, of=("self",))
                 .order_by("pk")[:batch_size]
             )

@@ -135,8 +135,8 @@ def batch_or_each(
     try:
         counts = work(pks)
     except Exception as error:
-        if is_database_outage(error):
-            raise
+        if is_database_outage(error) or not pks:
+            raise  # an outage fails the job; no rows: the caller's step failed
         logger.warning(
             "sweep batch failed (%s): tenant %s, %s %s..%s; one at a time",
             type(error).__name__,

@@ -21,7 +21,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from retention.jobs import job_run
 from retention.models import ThreadRemoval
-from retention.services import retention_policy_set
+from retention.services import retention_policy_set, subject_deletion_request
 from runs.models import Checkpoint, Thread
 from tests.factories import make_tenant
 from tests.retention.helpers import SECRET, TESTS, make_thread, write_checkpoints
@@ -189,3 +189,34 @@ def test_a_database_outage_still_fails_the_whole_job():
         _allow(table)
     assert _removed(doomed) == [False]
     assert _expire().totals["threads_expired"] == 1
+
+
+def test_a_thread_that_fails_to_be_removed_holds_back_no_other_of_its_request():
+    tenant, next_tenant = make_tenant(), make_tenant()
+    subject = "jane.doe@example.com"
+    # Batches of 2 in pk order: [s-1, bad] fails, then [s-3].
+    first = make_thread(tenant, "s-1", steps=1, subject=subject)
+    bad = make_thread(tenant, "bad", steps=1, subject=subject)
+    last = make_thread(tenant, "s-3", steps=1, subject=subject)
+    other = make_thread(next_tenant, "o-1", steps=1, subject=subject)
+    request = subject_deletion_request(tenant=tenant, subject=subject, actor=TESTS)
+    later_request = subject_deletion_request(
+        tenant=next_tenant, subject=subject, actor=TESTS
+    )
+    table = ThreadRemoval._meta.db_table
+    _refuse(table, "INSERT", column="thread_id", thread=bad)
+
+    report = job_run("carry_out_deletions", batch_size=2)
+
+    removed = set(ThreadRemoval.objects.values_list("thread_id", flat=True))
+    assert removed == {first.pk, last.pk, other.pk}
+    assert report.counts[tenant.pk]["errors"] == 1
+    assert report.counts[tenant.pk]["threads_removed"] == 2
+    request.refresh_from_db()
+    later_request.refresh_from_db()
+    assert request.is_open and later_request.status == "completed"
+
+    _allow(table)
+    assert job_run("carry_out_deletions", batch_size=2).totals["threads_removed"] == 1
+    request.refresh_from_db()
+    assert request.status == "completed" and request.record["threads_removed"] == 3
