@@ -34,16 +34,16 @@ def _refuse(
     when: str,
     *,
     column: str,
-    thread: Thread,
+    value: int,
     action: str = "RAISE EXCEPTION 'refused by the test'",
 ) -> None:
-    """A trigger on `table` that raises on `when` (INSERT, DELETE) of the
-    thread's rows; it goes with the test's transaction."""
+    """A trigger on `table` that raises on `when` (INSERT, DELETE) of the rows
+    whose `column` is `value`; it goes with the test's transaction."""
     row = "OLD" if when == "DELETE" else "NEW"
     with connection.cursor() as cursor:
         cursor.execute(
             "CREATE FUNCTION gh_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            f"BEGIN IF {row}.{column} = {int(thread.pk)} THEN "
+            f"BEGIN IF {row}.{column} = {int(value)} THEN "
             f"{action}; END IF; "
             f"RETURN {row}; END $$"
         )
@@ -80,7 +80,7 @@ def test_a_thread_that_fails_to_expire_holds_back_no_other(caplog):
     after = make_thread(first_tenant, "after", steps=1)
     other = make_thread(next_tenant, "other", steps=1)
     table = ThreadRemoval._meta.db_table
-    _refuse(table, "INSERT", column="thread_id", thread=bad)
+    _refuse(table, "INSERT", column="thread_id", value=bad.pk)
 
     with caplog.at_level(logging.INFO):
         report = _expire()
@@ -133,7 +133,7 @@ def test_a_thread_that_fails_to_prune_holds_back_no_other():
         threads[name] = make_thread(tenant, name, steps=0, with_content=False)
         write_checkpoints(threads[name], 3)
     table = Checkpoint._meta.db_table
-    _refuse(table, "DELETE", column="thread_id", thread=threads["bad"])
+    _refuse(table, "DELETE", column="thread_id", value=threads["bad"].pk)
 
     report = job_run("prune_checkpoints", batch_size=2)
 
@@ -156,7 +156,7 @@ def test_the_command_shows_the_failures():
     retention_policy_set(tenant=tenant, actor=TESTS, checkpoint_ttl_days=30)
     bad = make_thread(tenant, "bad", steps=1)
     make_thread(tenant, "fine", steps=1)
-    _refuse(ThreadRemoval._meta.db_table, "INSERT", column="thread_id", thread=bad)
+    _refuse(ThreadRemoval._meta.db_table, "INSERT", column="thread_id", value=bad.pk)
     out = StringIO()
 
     with time_machine.travel(timezone.now() + timedelta(days=31), tick=False):
@@ -178,7 +178,7 @@ def test_a_database_outage_still_fails_the_whole_job():
         table,
         "INSERT",
         column="thread_id",
-        thread=doomed,
+        value=doomed.pk,
         action="PERFORM pg_terminate_backend(pg_backend_pid())",
     )
     try:
@@ -204,7 +204,7 @@ def test_a_thread_that_fails_to_be_removed_holds_back_no_other_of_its_request():
         tenant=next_tenant, subject=subject, actor=TESTS
     )
     table = ThreadRemoval._meta.db_table
-    _refuse(table, "INSERT", column="thread_id", thread=bad)
+    _refuse(table, "INSERT", column="thread_id", value=bad.pk)
 
     report = job_run("carry_out_deletions", batch_size=2)
 
@@ -220,3 +220,23 @@ def test_a_thread_that_fails_to_be_removed_holds_back_no_other_of_its_request():
     assert job_run("carry_out_deletions", batch_size=2).totals["threads_removed"] == 1
     request.refresh_from_db()
     assert request.status == "completed" and request.record["threads_removed"] == 3
+
+
+def test_a_tenant_whose_audit_purge_fails_holds_back_no_other():
+    failing, next_tenant = make_tenant(), make_tenant()
+    for tenant in (failing, next_tenant):
+        retention_policy_set(
+            tenant=tenant, actor=TESTS, checkpoint_ttl_days=1, audit_retention_days=2
+        )
+        make_thread(tenant, steps=1)
+    job_run("seal_audit")
+    table = AuditEvent._meta.db_table
+    _refuse(table, "DELETE", column="tenant_id", value=failing.pk)
+
+    with time_machine.travel(timezone.now() + timedelta(days=3)):
+        report = job_run("purge_audit")
+
+    assert report.counts[failing.pk]["errors"] == 1
+    assert "events_purged" not in report.counts[failing.pk]
+    assert report.counts[next_tenant.pk]["events_purged"] > 0
+    assert AuditEvent.objects.for_tenant(failing).filter(kind="thread.created").exists()
