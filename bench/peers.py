@@ -26,7 +26,10 @@ Phases:
    0.5 s there, and what one status check costs is measured apart.
 2. Latency: rounds in which each engine (in turn, order rotating) runs a few
    cases one after another, so that whatever else loads the machine falls on
-   all of them alike; p50 and p95 over all rounds.
+   all of them alike; p50 and p95 over all rounds. Gatehouse's two latencies
+   are also broken into phases, from the timestamps its runs, audit events,
+   checkpoints and tool calls record and the client's clock
+   (bench/peers_anatomy.py).
 3. Throughput: complete runs per second, N runs with C in flight, for 1, 2
    and 4 worker processes (Gatehouse: Celery workers of 2 pool processes
    each; DBOS: application processes, each running its share of the cases;
@@ -56,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from benchmarks_doc import cpu_model, load_average, write_section  # noqa: E402
+from peers_anatomy import anatomy  # noqa: E402
 from peers_common import (  # noqa: E402
     MEASURES,
     latency_samples,
@@ -598,6 +602,7 @@ def main() -> None:
         mark = client.timing_mark()
         samples = latency_rounds(peers, args.rounds, args.per_round, cases)
         results["latency"] = {name: summarise(s) for name, s in samples.items()}
+        results["anatomy"] = anatomy(urls["gatehouse"], samples["gatehouse"])
         polls = client.timings_since(mark).get("poll run")
         if polls and results["status_cost"]:
             results["status_cost"]["p50"] = statistics.median(polls)

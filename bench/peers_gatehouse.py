@@ -352,12 +352,19 @@ class GatehouseClient:
             if len(times) > mark.get(name, 0)
         }
 
-    def _until(self, thread_id: str, run_id: str, wanted: str) -> tuple[dict, int]:
-        """Wait for the run to reach `wanted`; the run's last view and the calls."""
+    def _until(
+        self, thread_id: str, run_id: str, wanted: str, marks: dict, prefix: str
+    ) -> tuple[dict, int]:
+        """Wait for the run to reach `wanted`; the run's last view and the calls.
+
+        With `join`, the wall-clock time the join answered goes into `marks`
+        as `<prefix> joined` (bench/peers_anatomy.py).
+        """
         path = f"/api/v1/threads/{thread_id}/runs/{run_id}"
         calls = 0
         if self.waiter == "join":
             self.request("GET", f"/langgraph/threads/{thread_id}/runs/{run_id}/join")
+            marks[f"{prefix} joined"] = time.time()
             calls += 1
         while True:
             run = self.request("GET", path)
@@ -369,31 +376,45 @@ class GatehouseClient:
             time.sleep(self.interval)
 
     def flow(self, case: int) -> dict:
+        """One refund case; durations (perf_counter) and, in `marks`, the
+        wall-clock times (time.time(): the server's clock on this machine)
+        at which the client sent or learnt something (bench/peers_anatomy.py)."""
         thread_id = f"peers-{case}"
         self.request(
             "POST", "/api/v1/threads", {"thread_id": thread_id, "agent": "refund"}
         )
+        marks: dict[str, float] = {}
         started = time.perf_counter()
+        marks["start sent"] = time.time()
         run_id = self.request(
             "POST",
             f"/api/v1/threads/{thread_id}/runs",
             {"input": refund_request(case)},
         )["run_id"]
-        first, calls_first = self._until(thread_id, run_id, "interrupted")
+        marks["start answered"] = time.time()
+        first, calls_first = self._until(
+            thread_id, run_id, "interrupted", marks, "start"
+        )
         waiting = time.perf_counter()
+        marks["waiting known"] = time.time()
         query = urlencode({"thread_id": thread_id, "status": "pending"})
         approval_id = self.request("GET", f"/api/v1/approvals?{query}")["results"][0][
             "id"
         ]
         decided = time.perf_counter()
+        marks["decision sent"] = time.time()
         resumed_id = self.request(
             "POST",
             f"/api/v1/approvals/{approval_id}/decision",
             {"approved": True, "reviewer": "bench"},
         )["resumed_run"]["run_id"]
         sent = time.perf_counter()
-        second, calls_second = self._until(thread_id, resumed_id, "succeeded")
+        marks["decision answered"] = time.time()
+        second, calls_second = self._until(
+            thread_id, resumed_id, "succeeded", marks, "resume"
+        )
         done = time.perf_counter()
+        marks["succeeded known"] = time.time()
         return {
             "start_to_waiting": waiting - started,
             "decision_call": sent - decided,
@@ -403,6 +424,7 @@ class GatehouseClient:
             "runs": [run_times(first), run_times(second)],
             "thread_id": thread_id,
             "run_id": resumed_id,
+            "marks": marks,
         }
 
 

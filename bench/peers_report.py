@@ -239,6 +239,42 @@ def run_timing_detail(results: dict) -> list[str]:
     return lines
 
 
+ANATOMY_TITLES = {
+    "start_to_waiting": "start → waiting for approval",
+    "decision_to_succeeded": "decision → run succeeded",
+    "start POST": "start POST, as the web process served it",
+    "decision POST": "decision POST, as the web process served it",
+}
+
+
+def anatomy_detail(anatomy: dict) -> list[str]:
+    """Each timeline's phases (bench/peers_anatomy.py), p50 beside the whole."""
+    lines = [
+        f"Phases of Gatehouse's latencies, one run at a time ({anatomy['flows']} "
+        "flows of the latency rounds; from the timestamps its runs, audit "
+        "events, checkpoints and tool calls record and the client's clock; a "
+        "phase is the time between two consecutive marks and holds whatever "
+        "happened between them; the p50s of the phases need not add up to the "
+        "whole's, and a phase seen in fewer flows (n) is an order of marks "
+        "that varies):",
+        "",
+    ]
+    for name, title in ANATOMY_TITLES.items():
+        timeline = anatomy["timelines"][name]
+        whole = timeline["whole"]
+        lines += [
+            f"| {title} (whole: p50 {ms(whole)}) | p50 | share of the whole | n |",
+            "|---|---:|---:|---:|",
+        ]
+        for phase in timeline["phases"]:
+            lines.append(
+                f"| {phase['phase']} | {ms(phase['p50'])} | "
+                f"{phase['p50'] / whole * 100:.0f} % | {phase['n']} |"
+            )
+        lines.append("")
+    return lines[:-1]
+
+
 def _setup_lines(settings: dict) -> list[str]:
     waiter = (
         f"polls the run's status every {settings['poll_interval'] * 1000:g} ms"
@@ -321,6 +357,8 @@ def report(settings: dict, results: dict) -> str:
         "Goals (issue 15):",
         "",
         *goals(results),
+        "",
+        *anatomy_detail(results["anatomy"]),
         "",
         "Rows per complete run, by table (inserted+updated):",
         "",
