@@ -6,6 +6,7 @@ import logging
 import sys
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.db import DataError
 from django.http import Http404, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 from django.views import defaults
@@ -91,6 +92,13 @@ def _unreadable(exc: CryptoError) -> exceptions.APIException:
     )
 
 
+def _holds_nul(exc: Exception) -> bool:
+    """A value of the request with a NUL character in it (a thread id in a
+    path, say), which no Postgres text can hold: psycopg refuses to send it.
+    Nothing stored can match such a value, so it is the client's error."""
+    return isinstance(exc, DataError) and "NUL (0x00)" in str(exc.__cause__ or exc)
+
+
 def exception_handler(exc, context) -> Response | None:
     if isinstance(exc, CryptoError):
         exc = _unreadable(exc)
@@ -100,6 +108,11 @@ def exception_handler(exc, context) -> Response | None:
         exc = exceptions.PermissionDenied()
     elif isinstance(exc, RequestDataTooBig):
         exc = PayloadTooLarge("The request body is larger than this API accepts.")
+    elif _holds_nul(exc):
+        exc = exceptions.ValidationError(
+            "A value in the request contains a NUL character, which no id or "
+            "text here can hold."
+        )
     elif outages.is_outage(exc):
         _log_outage(context["request"], exc)
         exc = ServiceUnavailable()
