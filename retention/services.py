@@ -32,7 +32,6 @@ from django.db import connection, transaction
 from django.db.models import (
     Exists,
     OuterRef,
-    QuerySet,
 )
 from django.utils import timezone
 
@@ -369,24 +368,30 @@ def threads_remove(
 # --- deletion requests ------------------------------------------------------------
 
 
-def _lock_for_deletion(thread_pks: Iterable[int] | QuerySet) -> list[Thread]:
+def _lock_for_deletion(thread_pks: Iterable[int]) -> list[Thread]:
     """Pending approvals, then threads: approval_decide's lock order, each by
-    pk. `thread_pks` may be a queryset of pks (a subject's threads, however
-    many: a subquery, not one parameter per thread)."""
-    list(
-        ApprovalRequest.objects.filter(
-            thread_id__in=thread_pks, status=ApprovalRequest.Status.PENDING
+    pk. The set is read once: a subject's threads read by each lock could
+    differ by a thread created in between, locked without its approvals
+    first. Then locked in lists of ids that fit a statement
+    (storage.id_batches), however many threads the subject has."""
+    batches = list(storage.id_batches(sorted(set(thread_pks))))
+    for batch in batches:
+        list(
+            ApprovalRequest.objects.filter(
+                thread_id__in=batch, status=ApprovalRequest.Status.PENDING
+            )
+            .select_for_update(of=("self",))
+            .order_by("pk")
+            .values_list("pk", flat=True)
         )
+    return [
+        thread
+        for batch in batches
+        for thread in Thread.objects.select_related("tenant")
         .select_for_update(of=("self",))
+        .filter(pk__in=batch)
         .order_by("pk")
-        .values_list("pk", flat=True)
-    )
-    return list(
-        Thread.objects.select_related("tenant")
-        .select_for_update(of=("self",))
-        .filter(pk__in=thread_pks)
-        .order_by("pk")
-    )
+    ]
 
 
 def _requester(actor: Actor) -> dict[str, str]:
