@@ -127,7 +127,8 @@ def batch_or_each(
     alone, so that one row that fails holds back none of the others.
 
     `work(pks)` opens its own transaction and returns the counts to add, or
-    None to stop (a tenant hold placed since the run started). A database
+    None to stop (a tenant hold placed since the run started, or a deletion
+    request another sweep holds or that is no longer open). A database
     outage propagates; a row that fails alone is counted and logged
     (`isolated`, as "<what> <pk>") and skipped until the next run. False if
     `work` stopped.
