@@ -170,7 +170,12 @@ def save_fields(
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         if cursor.rowcount == 0:
-            raise DatabaseError("Save with update_fields did not affect any rows.")
+            raise row_gone()
+
+
+def row_gone() -> DatabaseError:
+    """The error of a save that found no row, worded as Model.save's."""
+    return DatabaseError("Save with update_fields did not affect any rows.")
 
 
 def update_statement(

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, router, transaction
+from django.db import router, transaction
 from django.db.models import sql
 from django.db.models.constants import OnConflict
 from django.utils import timezone
@@ -50,7 +50,7 @@ from audit.services import Actor, record, record_with_write
 from runs import thread_connections
 from runs.context import current_step, step_key
 from runs.crypto import ThreadCipher
-from runs.fixed_queries import update_statement
+from runs.fixed_queries import row_gone, update_statement
 from runs.models import Thread, ToolCall
 
 
@@ -329,7 +329,7 @@ class Ledger:
             return
         recorded, _ = record_with_write(statement, **event)
         if recorded is None:
-            raise DatabaseError("Save with update_fields did not affect any rows.")
+            raise row_gone()
 
 
 def _insert_new(row: ToolCall, event: dict[str, Any]) -> bool:

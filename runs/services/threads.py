@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.db.models import Model
 from django.utils.crypto import salted_hmac
 from langgraph.errors import InvalidUpdateError
@@ -22,7 +22,7 @@ from runs import gates, registry, selectors
 from runs.checkpointer import DjangoSaver
 from runs.crypto import CryptoError, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict
-from runs.fixed_queries import save_fields, update_statement
+from runs.fixed_queries import row_gone, save_fields, update_statement
 from runs.graphs import compile_for, spec_for, thread_config
 from runs.models import Run, Tenant, Thread
 
@@ -101,7 +101,7 @@ def thread_event(
         return
     recorded, _ = record_with_write(*writes, **event)
     if recorded is None:  # as Model.save says it
-        raise DatabaseError("Save with update_fields did not affect any rows.")
+        raise row_gone()
 
 
 def _agent_spec(agent: str) -> registry.AgentSpec:
