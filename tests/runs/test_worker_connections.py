@@ -14,6 +14,7 @@ import pytest
 from django.conf import settings
 from django.db import connection, connections
 from django.test import override_settings
+from langchain_core.runnables.config import ContextThreadPoolExecutor
 
 from runs import thread_connections
 from runs.models import Run
@@ -169,11 +170,17 @@ FAN_OUT = "fanout@1=tests.agents:fan_out_graph"
 
 @pytest.mark.worker
 def test_a_worker_opens_no_session_per_run(_worker_process):
-    """Runs on a warm worker open no Postgres session: the worker's
-    connections outlive its tasks, the threads of LangGraph's executor (the
-    checkpoint store's writes, nodes that run at once and record values) take
-    the ones the previous run's threads left. (Before: three or four per run
-    of one node, three more for three nodes at once.)"""
+    """Runs on a warm worker open no Postgres session of their own: the
+    worker's connections outlive its tasks, and the threads of LangGraph's
+    executor (the checkpoint store's writes, nodes that run at once and
+    record values) are kept from run to run with theirs (runs.graph_executor).
+    (Before: three or four per run of one node, three more for three nodes
+    at once.)
+
+    The kept pool still starts a thread when a task finds none idle, up to
+    its size, and that thread opens a session once: how many it reaches
+    depends on timing, not on the number of runs. So the sessions 20 runs
+    open are bounded by the pool's size, where one per run would be 20."""
     _, api = tenant_with_client()
     agents = f"{settings.GATEHOUSE_AGENTS},{FAN_OUT}"
 
@@ -207,11 +214,14 @@ def test_a_worker_opens_no_session_per_run(_worker_process):
                 run("echo", index)
                 run("fanout", index)
             before = _sessions_opened()
-            for index in range(2, 7):
+            for index in range(2, 12):
                 run("echo", index)
                 run("fanout", index)
             opened = _sessions_opened() - before
     finally:
         worker.stop()
         _worker_process.__init__(name="main")
-    assert opened == 0, f"{opened} sessions opened by 10 runs"
+    # The worker's pool has this size on this machine; the warm-up's runs
+    # used at least one of its threads, whose session is not counted.
+    pool_size = ContextThreadPoolExecutor()._max_workers
+    assert opened < pool_size, f"{opened} sessions opened by 20 runs"
