@@ -1,14 +1,16 @@
 """Relaying a run's stream events (runs.streaming) to a client.
 
-Both run in the web process's event loop, holding no thread while they wait:
-`sse()` as Server-Sent Events in LangGraph's framing (`event:`, `data:`,
-`id:`), `wait()` as one JSON body once the run has ended (`runs.wait`,
-`runs.join`), with a newline now and then to keep the connection open while
-the run goes on.
+Both run in the web process's event loop, holding no thread and no database
+connection while they wait: `sse()` as Server-Sent Events in LangGraph's
+framing (`event:`, `data:`, `id:`), `wait()` as one JSON body once the run has
+ended (`runs.wait`, `runs.join`), with a newline now and then to keep the
+connection open while the run goes on.
 
-Both wake on the worker's events. When none has come for a while they look
-the run up: one that ended without an `end` event in the log (its events
-expired, or its worker lost the thread) is ended from the database instead.
+Both follow the run as `runs.streaming.until_stopped` does (the REST run
+detail's `?wait=` waits the same way): they wake on the worker's events, and
+when none has come for a while they look the run up; one that ended without
+an `end` event in the log (its events expired, or its worker lost the
+thread) is ended from the database instead.
 """
 
 from __future__ import annotations
@@ -72,15 +74,14 @@ def _open(target: Target, how: str) -> ThreadCipher:
     if not _loaded(run):
         run = Run.objects.select_related("thread__tenant").get(pk=target.run_id)
     services.run_output_read(run=run, thread=run.thread, actor=target.actor, how=how)
-    return ThreadCipher.for_thread(run.thread)
+    cipher = ThreadCipher.for_thread(run.thread)
+    streaming.release_connection()
+    return cipher
 
 
-def _ended_without_event(target: Target) -> dict | None:
-    """The outcome of a run that ended while no `end` event is to be had
-    (expired, or lost with its worker); None while it is active."""
-    run = Run.objects.select_related("thread__tenant").get(pk=target.run_id)
-    if run.is_active:
-        return None
+def _outcome_of(run: Run) -> dict:
+    """The outcome of a run found stopped while no `end` event is to be had
+    (expired, or lost with its worker)."""
     thread: Thread = run.thread
     values = None
     if thread.agent_version and thread.deleted_at is None:
@@ -107,19 +108,13 @@ async def _outcomes(
 ) -> AsyncIterator[streaming.StreamEvent | dict | None]:
     """The run's events; then its outcome (a dict) if the log had no `end`;
     None for each idle pause."""
-    async for event in streaming.follow(
+    async for item in streaming.until_stopped(
         run_id=target.run_id, cipher=cipher, after=after, idle=IDLE
     ):
-        if event is not None:
-            yield event
-            if event.name == streaming.END:
-                return
-            continue
-        ended = await sync_to_async(_ended_without_event)(target)
-        if ended is not None:
-            yield ended
-            return
-        yield None
+        if isinstance(item, Run):
+            yield await sync_to_async(_outcome_of)(item)
+        else:
+            yield item
 
 
 def _end_frames(outcome: dict, event_id: streaming.EventId | None) -> list[bytes]:

@@ -499,11 +499,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--wait",
-        choices=("poll", "join"),
-        default="join",
-        help="how the Gatehouse client learns a run stopped: the Agent "
-        "Protocol's runs/join, which answers when the run stops (as DBOS's "
-        "client waits on get_result), or poll its status",
+        choices=("wait", "poll", "join"),
+        default="wait",
+        help="how the Gatehouse client learns a run stopped: the REST run's "
+        "long poll (?wait=), which answers when the run stops (as DBOS's "
+        "client waits on get_result); poll its status; or the Agent "
+        "Protocol's runs/join, then its status",
     )
     parser.add_argument(
         "--poll-interval",

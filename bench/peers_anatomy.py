@@ -2,7 +2,8 @@
 
 A flow's timeline is its marks in time order: the client's (bench/
 peers_gatehouse.py `GatehouseClient.flow`: when it sent the start or the
-decision, when the join answered, when it knew the outcome) and those the
+decision, when it knew the outcome (its long poll answered) and, with the
+`join` waiter, when the join answered before its status GET) and those the
 system records anyway, read back from the database after the latency rounds:
 
 - runs: `created_at` (the request's transaction), `started_at` (the worker's
@@ -23,8 +24,8 @@ The phases' p50s need not add up to the latency's p50.
 
 Two kinds of marks stay off the two latencies' timelines: audit events of
 reads (audit.events.READS: the web process records them as it answers a
-client, beside the run's critical path: the join's `run.output_read` as the
-join starts waiting, say) and the client's marks of the answers to its start
+client, beside the run's critical path: the `join` waiter's
+`run.output_read` as the join starts waiting, say) and the client's marks of the answers to its start
 and decision POSTs (the worker often claims the run before the client has
 the answer). Each POST gets a timeline of its own instead, from the marks the
 web process records while it serves it (reads included).
@@ -57,7 +58,7 @@ READS = _audit_events().READS
 READ = " (read)"
 
 # Each timeline: the client's marks that open and close it, the client's
-# marks inside it, and whether it takes the web process's marks only (a POST)
+# marks inside it (the `join` waiter's only), and whether it takes the web process's marks only (a POST)
 # or all but the reads (a latency).
 TIMELINES = {
     "start_to_waiting": ("start sent", "waiting known", ("start joined",), False),

@@ -9,12 +9,14 @@ takes part in a run, and its queries would count against the run's.
 `GatehouseClient` drives the refund case over REST, as an integration would.
 How it learns that a run stopped or finished is the `waiter`:
 
+- `wait` (the default): GET /api/v1/threads/{id}/runs/{run}?wait=30, the REST
+  long poll, which answers the run once it has stopped (the web process waits
+  on the run's Redis stream, no polling): one request;
 - `poll`: GET /api/v1/threads/{id}/runs/{run} every `interval` seconds until
-  the run reaches the state waited for (what a client must do on this API);
-- `join` (the default): the Agent Protocol's GET
-  /langgraph/threads/{id}/runs/{run}/join, which answers once the run has
-  stopped (the web process waits on the run's Redis stream, no polling), then
-  one status GET to learn how it stopped.
+  the run reaches the state waited for;
+- `join`: the Agent Protocol's GET /langgraph/threads/{id}/runs/{run}/join,
+  which answers once the run has stopped (waiting as `wait` does), then one
+  status GET to learn how it stopped.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ WEB_SERVERS = {
     "wsgi": [sys.executable, "-m", "gunicorn", "config.wsgi:application"],
 }
 TERMINAL = {"succeeded", "failed", "cancelled"}
+ACTIVE = {"queued", "running"}
+# The `wait` waiter's long poll, in seconds (the API's most).
+WAIT_SECONDS = 30
 
 
 def free_port() -> int:
@@ -270,7 +275,8 @@ class GatehouseStack:
 _ENDPOINTS = [
     (r"POST /api/v1/threads$", "create thread"),
     (r"POST /api/v1/threads/[^/]+/runs$", "start run"),
-    (r"GET /api/v1/threads/[^/]+/runs/[^/]+$", "poll run"),
+    (r"GET /api/v1/threads/[^/]+/runs/[^/?]+\?wait=", "wait run"),
+    (r"GET /api/v1/threads/[^/]+/runs/[^/?]+$", "poll run"),
     (r"GET /api/v1/approvals$", "find approval"),
     (r"POST /api/v1/approvals/[^/]+/decision$", "decision"),
     (r"GET /langgraph/threads/[^/]+/runs/[^/]+/join$", "join run"),
@@ -278,11 +284,13 @@ _ENDPOINTS = [
 
 
 def endpoint_name(method: str, path: str) -> str:
+    """A request's name in the report; its query only tells a wait apart."""
     request = f"{method} {path}"
+    bare = request.split("?", 1)[0]
     for pattern, name in _ENDPOINTS:
-        if re.match(pattern, request):
+        if re.match(pattern, request) or re.match(pattern, bare):
             return name
-    return request
+    return bare
 
 
 class ApiError(RuntimeError):
@@ -327,7 +335,7 @@ class GatehouseClient:
                 )
                 response = connection.getresponse()
                 payload = response.read()
-                self.timings[endpoint_name(method, path.split("?", 1)[0])].append(
+                self.timings[endpoint_name(method, path)].append(
                     time.perf_counter() - started
                 )
             except (ConnectionError, http.client.HTTPException):
@@ -366,14 +374,22 @@ class GatehouseClient:
             self.request("GET", f"/langgraph/threads/{thread_id}/runs/{run_id}/join")
             marks[f"{prefix} joined"] = time.time()
             calls += 1
+        if self.waiter == "wait":
+            path += f"?wait={WAIT_SECONDS}"
         while True:
             run = self.request("GET", path)
             calls += 1
             if run["status"] == wanted:
                 return run, calls
-            if run["status"] in TERMINAL or self.waiter == "join":
+            stopped = run["status"] not in ACTIVE
+            if (
+                run["status"] in TERMINAL
+                or self.waiter == "join"
+                or (self.waiter == "wait" and stopped)
+            ):
                 raise ApiError(f"run {run_id} is {run['status']}, not {wanted}")
-            time.sleep(self.interval)
+            if self.waiter == "poll":
+                time.sleep(self.interval)
 
     def flow(self, case: int) -> dict:
         """One refund case; durations (perf_counter) and, in `marks`, the

@@ -276,11 +276,10 @@ def anatomy_detail(anatomy: dict) -> list[str]:
 
 
 def _setup_lines(settings: dict) -> list[str]:
-    waiter = (
-        f"polls the run's status every {settings['poll_interval'] * 1000:g} ms"
-        if settings["wait"] == "poll"
-        else "waits on the Agent Protocol's runs/join"
-    )
+    waiter = {
+        "poll": f"polls the run's status every {settings['poll_interval'] * 1000:g} ms",
+        "join": "waits on the Agent Protocol's runs/join, then reads the run's status",
+    }.get(settings["wait"], "waits on the run's GET with `?wait=30` (a long poll)")
     return [
         f"- Machine: {settings['machine']}; load average {settings['load_start']} "
         f"at the start, {settings['load_end']} at the end (the machine is shared: "

@@ -45,12 +45,13 @@ import redis
 import redis.asyncio
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
 from runs import outages
 from runs.crypto import ThreadCipher
-from runs.models import RunStreamEvent
+from runs.models import Run, RunStreamEvent
 from runs.selectors import jsonable
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ START = EventId(0, 0)
 class StreamEvent:
     id: EventId
     name: str
-    data: bytes  # JSON
+    data: bytes | None  # JSON; None when read without the cipher (names only)
 
 
 def _row(run_id, event_id: EventId) -> tuple:
@@ -191,10 +192,12 @@ class DatabaseLog:
             .order_by("attempt", "seq")
             .values_list("attempt", "seq", "event", "data")[:BATCH]
         )
-        return [
+        found = [
             (EventId(attempt, seq), event, bytes(data))
             for attempt, seq, event, data in rows
         ]
+        release_connection()  # a reader polls: it holds no connection between
+        return found
 
     @staticmethod
     def _tail(run_id) -> list[tuple[EventId, str]]:
@@ -299,13 +302,28 @@ async def live_start(run_id) -> EventId:
 
 
 async def follow(
-    *, run_id, cipher: ThreadCipher, after: EventId = START, idle: float = 5.0
+    *,
+    run_id,
+    cipher: ThreadCipher | None,
+    after: EventId = START,
+    idle: float = 5.0,
+    until: float | None = None,
 ) -> AsyncIterator[StreamEvent | None]:
     """The run's events after `after`, as they are published; None after each
-    `idle` seconds without one (the caller checks the run then)."""
+    `idle` seconds without one (the caller checks the run then). With `until`
+    (the event loop's clock) it stops then. Without a cipher the events carry
+    their names only: for a reader that waits for the `end`."""
+    loop = asyncio.get_running_loop()
     while True:
-        batch = await log().read(run_id, after, idle)
+        timeout = idle
+        if until is not None:
+            timeout = min(idle, until - loop.time())
+            if timeout <= 0:
+                return
+        batch = await log().read(run_id, after, timeout)
         if not batch:
+            if until is not None and loop.time() >= until:
+                return
             yield None
             continue
         for event_id, name, blob in batch:
@@ -313,8 +331,76 @@ async def follow(
             yield StreamEvent(
                 id=event_id,
                 name=name,
-                data=cipher.decrypt(blob, row=_row(run_id, event_id)),
+                data=None
+                if cipher is None
+                else cipher.decrypt(blob, row=_row(run_id, event_id)),
             )
+
+
+def release_connection() -> None:
+    """Give the request's database connection back to the web process's pool
+    (config/asgi.py) before a reader waits on a run: a client that waits
+    holds none, and the next query takes one again. Without a pool (the
+    embedded mode's SQLite, a WSGI server) the connection is kept."""
+    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+        connection.close()
+
+
+def _stopped(run_id) -> Run | None:
+    """The run, with its thread and tenant, once it is no longer queued or
+    running; None while it is (and the connection given back: the reader
+    waits on)."""
+    run = Run.objects.select_related("thread__tenant").get(pk=run_id)
+    if run.is_active:
+        release_connection()
+        return None
+    return run
+
+
+async def until_stopped(
+    *,
+    run_id,
+    cipher: ThreadCipher | None,
+    after: EventId,
+    idle: float = 5.0,
+    until: float | None = None,
+) -> AsyncIterator[StreamEvent | Run | None]:
+    """The run's events after `after` up to its `end` (it stopped:
+    interrupted, succeeded, failed or cancelled); None for each `idle` pause,
+    after which the run is looked up, and one found stopped (its `end` not in
+    the log: expired, or lost with its worker) is the last item, as a Run.
+    With `until` (the event loop's clock) it stops then."""
+    async for event in follow(
+        run_id=run_id, cipher=cipher, after=after, idle=idle, until=until
+    ):
+        if event is not None:
+            yield event
+            if event.name == END:
+                return
+            continue
+        stopped = await sync_to_async(_stopped)(run_id)
+        if stopped is not None:
+            yield stopped
+            return
+        yield None
+
+
+async def stopped(run_id, *, within: float, idle: float = 5.0) -> None:
+    """Return once the run has stopped or `within` seconds from now, whichever
+    comes first, holding no thread and no database connection meanwhile (in
+    the web process's event loop). It reads the events' names, not their
+    content: the caller reads the run from the database then. A log that
+    cannot be read (Redis down) ends the wait at once."""
+    until = asyncio.get_running_loop().time() + within
+    await sync_to_async(release_connection)()
+    try:
+        after = await live_start(run_id)
+        async for _ in until_stopped(
+            run_id=run_id, cipher=None, after=after, idle=idle, until=until
+        ):
+            pass
+    except outages.BROKER_ERRORS as error:
+        logger.warning("run %s: its events cannot be read (%s)", run_id, error)
 
 
 def expire_events(*, batch_size: int = 5000) -> int:

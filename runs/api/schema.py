@@ -144,6 +144,15 @@ FIELD_DOCS: dict[str, tuple[str, object]] = {
         False,
     ),
     "limit": ("Items per page, 1 to 500 (default 50).", 50),
+    "wait": (
+        "A long poll: seconds, 0 to 30 (up to 3 decimals), to wait for a "
+        "queued or running run to stop (interrupted, succeeded, failed or "
+        "cancelled). The run is answered as soon as it stops, or as it is "
+        "when the time runs out (200 either way); a run that already stopped "
+        "at once. The server holds no thread and no database connection "
+        "meanwhile.",
+        10,
+    ),
     "cursor": (
         "The `next` link's cursor, to read the following page.",
         "cD0yMDI2LTExLTMwKzA5JTNBMDAlM0EwMC4wMDAwMDAlMkIwMCUzQTAw",

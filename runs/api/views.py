@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlencode
 
-from django.http import Http404
+from asgiref.sync import sync_to_async
+from django.http import Http404, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.services import Actor
-from runs import permissions, registry, selectors, services
+from runs import permissions, registry, selectors, services, streaming
 from runs.api.filters import ThreadFilter
 from runs.api.idempotency import IdempotentWrites
+from runs.api.parsers import SafeJSONRenderer
 from runs.api.serializers import (
     AgentSerializer,
     ApprovalRequiredSerializer,
@@ -211,19 +214,70 @@ class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
         return queued(run)
 
 
+# The longest a run's GET waits for it to stop (`?wait=`), in seconds: within
+# the idle timeout of common proxies (60 s), as it sends nothing meanwhile
+# (runs.api.schema's FIELD_DOCS["wait"] says so).
+MAX_WAIT = 30
+_SECONDS = re.compile(r"[0-9]{1,2}(\.[0-9]{1,3})?")
+
+
+def wait_seconds(request) -> float:
+    """The `wait` query parameter: 0 to MAX_WAIT seconds, 0 when absent."""
+    raw = request.query_params.get("wait")
+    if raw is None:
+        return 0.0
+    if not _SECONDS.fullmatch(raw) or float(raw) > MAX_WAIT:
+        raise InvalidRequest(
+            f"wait is a number of seconds from 0 to {MAX_WAIT}", field="wait"
+        )
+    return float(raw)
+
+
+def run_body(request, run: Run, *, reveal: bool) -> dict:
+    """A run as its GET answers it; a revealed error is an audit event."""
+    if reveal:
+        services.run_errors_read(
+            thread=run.thread, runs=[run], actor=actor_for(request)
+        )
+    return RunSerializer(run, context={"reveal_errors": reveal}).data
+
+
+def _run_body_now(request, run: Run, reveal: bool) -> bytes:
+    current = selectors.live_run(request.principal.tenant, run.thread.thread_id, run.pk)
+    if current is None:
+        # The thread was deleted meanwhile: its content is gone, its run is
+        # shown without it.
+        current, reveal = Run.objects.filter(pk=run.pk).first() or run, False
+    return SafeJSONRenderer().render(run_body(request, current, reveal=reveal))
+
+
+async def _once_stopped(request, run: Run, seconds: float, reveal: bool):
+    """The run's body once it has stopped, or after `seconds` (streaming.stopped
+    waits in the event loop: no thread, no database connection)."""
+    await streaming.stopped(run.pk, within=seconds)
+    yield await sync_to_async(_run_body_now)(request, run, reveal)
+
+
 class RunDetailView(TenantThreadMixin, APIView):
-    @extend_schema(responses=RunSerializer, summary="A run")
+    @extend_schema(
+        responses=RunSerializer,
+        parameters=[OpenApiParameter("wait", float)],
+        summary="A run (with `wait`: once it stops)",
+    )
     def get(self, request, thread_id, run_id):
         # The run with its thread in one query: clients poll this.
         run = selectors.live_run(request.principal.tenant, thread_id, run_id)
         if run is None:
             raise Http404
+        seconds = wait_seconds(request)
         reveal = reads_content(request)
-        if reveal:
-            services.run_errors_read(
-                thread=run.thread, runs=[run], actor=actor_for(request)
+        if seconds and run.is_active:
+            return StreamingHttpResponse(
+                _once_stopped(request, run, seconds, reveal),
+                content_type="application/json",
+                headers={"Cache-Control": "no-store"},
             )
-        return Response(RunSerializer(run, context={"reveal_errors": reveal}).data)
+        return Response(run_body(request, run, reveal=reveal))
 
 
 class ResumeView(TenantThreadMixin, APIView):
