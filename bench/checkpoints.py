@@ -550,24 +550,37 @@ class Bench:
     def chat_sizes(self) -> dict[tuple[str, str], float]:
         """Bytes a chat thread of `--chat-steps` messages stores, per store.
 
-        Several threads per store, so that the tables' page granularity
-        (8 KiB per table, index and TOAST) is spread over them.
+        What the threads add to a store that already holds one (written first,
+        unmeasured), divided by their number. From emptied tables the growth
+        would also hold what a table pays once, not per thread: its free-space
+        map (3 pages once it has a few), the first pages of its heap and of
+        each index (`runs_thread` has several), and a part-filled page for each
+        connection that inserts. Spread over the measured threads, that made
+        the figure depend on how many there were (DjangoSaver: 0.252 MB a
+        thread over 5, 0.224 over 15; from a store holding one, 0.211 over
+        either). Several threads per store all the same, for the heap pages
+        each connection leaves part-filled at the end.
         """
         from runs.checkpointer import DjangoSaver
 
         sizes = {}
         for name, channel in CHAT_STORES:
             self.truncate()
-            empty = self.relation_bytes()[name]
             saver = self.savers[name]
             if isinstance(saver, DjangoSaver):
                 saver = DjangoSaver(tenant=self.tenant)
             graph = chat_graph(saver, channel, self.args.chat_steps)
+            limit = self.args.chat_steps + 10
+            graph.invoke(
+                {"messages": []},
+                {"configurable": {"thread_id": "chat-first"}, "recursion_limit": limit},
+            )
+            before = self.relation_bytes()[name]
             started = time.perf_counter()
             for t in range(self.args.chat_threads):
                 config = {
                     "configurable": {"thread_id": f"chat-{t}-{uuid.uuid4().hex[:6]}"},
-                    "recursion_limit": self.args.chat_steps + 10,
+                    "recursion_limit": limit,
                 }
                 state = graph.invoke({"messages": []}, config)
                 assert len(state["messages"]) == self.args.chat_steps
@@ -576,7 +589,7 @@ class Bench:
                 assert again == state["messages"]
             seconds = time.perf_counter() - started
             sizes[(name, channel)] = (
-                self.relation_bytes()[name] - empty
+                self.relation_bytes()[name] - before
             ) / self.args.chat_threads
             print(
                 f"  chat {name} ({channel}): {sizes[(name, channel)] / 1e6:.3f} MB "
@@ -741,20 +754,23 @@ Reading these figures:
   updates (compressed at zstd's level 15: about 32 KB of ciphertext a thread
   here); the checkpoint row holds its ids and one ciphertext of the
   checkpoint with its metadata, compressed with a dictionary of LangGraph's
-  format (about 200 bytes). Ids are UUIDs in 16 bytes and each row's
-  identity is its primary key, so a step is about 300 bytes of checkpoint
-  row and 60 of key, and 435 of pending-write row (330 of them ciphertext)
-  and 75 of key: with the snapshots and free space about 1.2 KB a step (1.6
-  KB with 36-character ids and surrogate keys, 2.3 KB before packing;
-  PostgresSaver's rows take about 2.7 KB). The free space is in part-filled
-  heap pages (about 12% of the heaps here: each connection that inserts
-  fills a page of its own, and LangGraph writes from several executor
-  threads) and in each table's free-space map (24 KB once it has one, shared
-  by the threads measured). Under 0.2 MB needs about 1 KB a step with the
-  snapshots: beyond the ciphertexts (about 530 bytes a step) what is left is
-  two rows' headers, ids and key entries, so the next cut is fewer rows (a
-  step's writes kept with the checkpoint that follows them), not narrower
-  columns.
+  format (about 180 bytes). Ids are UUIDs in 16 bytes and each row's
+  identity is its primary key, so a step is about 283 bytes of checkpoint
+  row and 60 of key, and 420 of pending-write row (337 of them ciphertext)
+  and 80 of key: with the snapshots (about 28 KB a thread) and free space
+  at page ends about 1.05 KB a step (PostgresSaver's rows take about 2.7
+  KB). The figure is what the threads add to a store that already holds
+  one: what a table pays once (its free-space map, 24 KB once it has one;
+  the first pages of its heap and indexes; a part-filled page for each
+  connection that inserts, and LangGraph writes from several executor
+  threads) is not a thread's, and spread over the threads measured it made
+  the figure depend on their number (0.252 MB a thread over 5, 0.224 over
+  15, against 0.211 MB). Under 0.2 MB needs about 55 bytes less a step:
+  the random tie-breakers of the checkpoint's four distinct channel
+  versions are about 50 bytes of its ciphertext (uniqueness among forks of
+  a checkpoint is what they are for: a blob's key is its version), the
+  rest is two rows' headers, ids and key entries, so the next cut is fewer
+  rows (a step's writes kept with the checkpoint that follows them).
 """
 
 
@@ -858,7 +874,9 @@ def report(
         f"A chat thread of {args.chat_steps} steps through a real graph (one node "
         "adding one ~500-byte message per super-step, `invoke` once, then "
         "`get_state` read back and compared), bytes in the database per thread "
-        f"(tables, indexes, TOAST; mean of {args.chat_threads} threads). With "
+        f"(tables, indexes, TOAST; what {args.chat_threads} threads add to a "
+        "store already holding one, per thread: a table's one-time pages are "
+        "not a thread's). With "
         "`list` the messages are a plain reducer channel (a new blob of the "
         "whole list at every step); with `DeltaChannel` (LangGraph's, default "
         "cadence: a snapshot every 100 updates) each step stores only its "
