@@ -98,7 +98,7 @@ def test_answers_the_current_state_when_the_wait_runs_out(client):
     run_id = start(client, "slow", "w-slow")  # five steps of 0.4 s
     body, took = waited(client, "w-slow", run_id, "0.5")
     assert body["status"] in ("queued", "running")
-    assert 0.45 <= took < 1.8
+    assert 0.45 <= took < 3  # the run takes 2 s once claimed
     body, _ = waited(client, "w-slow", run_id, "20")
     assert body["status"] == "succeeded"
 
@@ -110,7 +110,7 @@ def test_a_run_that_already_stopped_answers_at_once(client):
         what="the run to succeed",
     )
     body, took = waited(client, "w-done", run_id, "30")
-    assert body["status"] == "succeeded" and took < 1.0
+    assert body["status"] == "succeeded" and took < 5  # not its 30 s
 
 
 def test_a_cancelled_run_answers_at_once(client):
@@ -123,7 +123,7 @@ def test_a_cancelled_run_answers_at_once(client):
         )
         assert cancelled.status_code == 202, cancelled.text
         body, took = answer.result()
-    assert body["status"] == "cancelled" and took < 5
+    assert body["status"] == "cancelled" and took < 10
 
 
 @pytest.mark.parametrize("how", ["wait", "join"])
@@ -149,7 +149,8 @@ def test_waiting_holds_no_database_connection(client, how):
         asked = time.monotonic()
         for _ in range(3):
             assert client.get(f"/threads/{thread_id}").status_code == 200
-        assert time.monotonic() - asked < 2.0
+        # A pool held by the waits would keep them DATABASE_POOL_TIMEOUT (10 s).
+        assert time.monotonic() - asked < 5.0
         assert all(not w.done() for w in waits)
         assert [w.result() for w in waits] == ["succeeded"] * 4
 
@@ -212,14 +213,14 @@ def test_another_tenants_run_is_not_found_at_once(queued_run):
     _, other = tenant_with_client()
     asked = time.monotonic()
     response = other.get(f"/api/v1/threads/q-1/runs/{run_id}", {"wait": "30"})
-    assert response.status_code == 404 and time.monotonic() - asked < 2
+    assert response.status_code == 404 and time.monotonic() - asked < 10
 
 
 def test_a_run_of_another_thread_is_not_found_at_once(queued_run):
     api, run_id = queued_run
     asked = time.monotonic()
     response = api.get(f"/api/v1/threads/q-2/runs/{run_id}", {"wait": "30"})
-    assert response.status_code == 404 and time.monotonic() - asked < 2
+    assert response.status_code == 404 and time.monotonic() - asked < 10
 
 
 def test_scopes_are_those_of_the_runs_get(queued_run):
@@ -257,13 +258,13 @@ def timed_stop(run: Run, within: float) -> float:
 
 def test_stopped_waits_its_time_for_an_active_run(published):
     run, _ = published
-    assert 0.5 <= timed_stop(run, 0.5) < 1.5
+    assert 0.5 <= timed_stop(run, 0.5) < 3
 
 
 def test_stopped_returns_at_once_on_an_end_already_published(published):
     run, publish = published
     publish(streaming.END, streaming.outcome(status="succeeded"))
-    assert timed_stop(run, 10) < 0.5
+    assert timed_stop(run, 10) < 5
 
 
 def test_stopped_returns_on_a_run_stopped_without_its_end(published):
@@ -271,7 +272,7 @@ def test_stopped_returns_on_a_run_stopped_without_its_end(published):
     after an idle pause finds it."""
     run, _ = published
     Run.objects.filter(pk=run.pk).update(status=Run.Status.SUCCEEDED)
-    assert timed_stop(run, 10) < 1.0
+    assert timed_stop(run, 10) < 5
 
 
 def test_stopped_wakes_on_the_end_as_it_is_published(queued_run, settings):
@@ -286,4 +287,4 @@ def test_stopped_wakes_on_the_end_as_it_is_published(queued_run, settings):
     timer.start()
     took = timed_stop(run, 10)
     timer.join()
-    assert 0.3 <= took < 1.5
+    assert 0.3 <= took < 5
