@@ -576,6 +576,21 @@ def _end_event(run: Run, outcome: Outcome, error: BaseException | None) -> dict:
 def _finish(
     run_id: str, owner: str, outcome: Outcome, publisher: streaming.Publisher
 ) -> None:
+    """Record how the run ended, in one transaction. An interrupt a receiver
+    of run_interrupted rejects rolls that transaction back whole, with
+    whatever the receivers wrote (no savepoint around them: its SAVEPOINT
+    and RELEASE were two round trips on every interrupted run), and the run
+    is then recorded failed with the receiver's message."""
+    try:
+        _record_end(run_id, owner, outcome, publisher)
+    except InterruptRejected as rejected:
+        outcome.error = rejected
+        _record_end(run_id, owner, outcome, publisher)
+
+
+def _record_end(
+    run_id: str, owner: str, outcome: Outcome, publisher: streaming.Publisher
+) -> None:
     run_pk = uuid.UUID(str(run_id))  # the compiled queries take a UUID
     with transaction.atomic():
         thread = _first(_FINISH_THREAD(run_pk))
@@ -594,16 +609,12 @@ def _finish(
             record_cancelled(run=run, thread=thread, actor=SYSTEM, publisher=publisher)
             return
         error = outcome.error
+        if outcome.interrupts:  # the nodes it stopped before, even if rejected
+            run.next_nodes = outcome.next_nodes
         if error is None and outcome.interrupts:
-            try:
-                with transaction.atomic():
-                    run.status = Run.Status.INTERRUPTED
-                    run.next_nodes = outcome.next_nodes
-                    run_interrupted.send(
-                        sender=Run, run=run, interrupts=outcome.interrupts
-                    )
-            except InterruptRejected as rejected:
-                error = rejected
+            run.status = Run.Status.INTERRUPTED
+            # InterruptRejected leaves the transaction: see _finish.
+            run_interrupted.send(sender=Run, run=run, interrupts=outcome.interrupts)
         cipher = ThreadCipher.for_thread(thread)
         compensated = outcome.compensated
         if error is not None:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
-from django.db.models import Field, Model, QuerySet
+from django.db.models import Field, Model, QuerySet, sql
+from django.db.models.constants import OnConflict
 from django.db.models.query import get_related_populators
 from django.db.models.signals import post_save, pre_save
 from django.db.transaction import TransactionManagementError
@@ -191,6 +192,42 @@ def update_statement(
         return None
     sql, params = statement
     return f"{sql} RETURNING 1", params
+
+
+def insert_statement(
+    obj: Model, *, ignore_conflicts: bool = False, using: str = DEFAULT_DB_ALIAS
+) -> tuple[str, list[Any]]:
+    """The INSERT of the new row `obj`, `RETURNING` its primary key, for a
+    caller that runs it as part of a statement of its own
+    (audit.services.record_with_write). The fields' pre_save run, as saving
+    does; like bulk_create, no save() and no signals. A primary key the
+    database assigns (an auto field) is left out, as Model.save does; the
+    caller sets it from the row returned.
+
+    `ignore_conflicts`: `ON CONFLICT DO NOTHING`, so that no row returned
+    means a row with the same unique key is there already, and nothing was
+    written: one statement where catching the unique violation would cost a
+    savepoint and its release. Like the plain insert, it waits for a
+    concurrent transaction inserting the same key, and then sees its row."""
+    meta = type(obj)._meta
+    fields = [
+        field
+        for field in meta.local_concrete_fields
+        if obj.pk is not None or field is not meta.auto_field
+    ]
+    query = sql.InsertQuery(
+        type(obj), on_conflict=OnConflict.IGNORE if ignore_conflicts else None
+    )
+    query.insert_values(fields, [obj])
+    compiler = query.get_compiler(using=using)
+    compiler.returning_fields = [meta.pk]
+    [(statement, params)] = compiler.as_sql()
+    return statement, list(params)
+
+
+def inserted(obj: Model, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Mark `obj` saved, as Model.save does, once its insert_statement ran."""
+    obj._state.adding, obj._state.db = False, using
 
 
 def _prepared_update(

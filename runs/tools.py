@@ -40,8 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import router, transaction
-from django.db.models import sql
-from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from audit import events
@@ -50,7 +48,7 @@ from audit.services import Actor, record, record_with_write
 from runs import thread_connections
 from runs.context import current_step, step_key
 from runs.crypto import ThreadCipher
-from runs.fixed_queries import row_gone, update_statement
+from runs.fixed_queries import insert_statement, row_gone, update_statement
 from runs.models import Thread, ToolCall
 
 
@@ -334,22 +332,13 @@ class Ledger:
 
 def _insert_new(row: ToolCall, event: dict[str, Any]) -> bool:
     """Insert the ledger row, with `event`, unless its key is there already
-    (INSERT ... ON CONFLICT DO NOTHING RETURNING id): False if it is, and
-    then nothing is recorded. One statement for the row and its event where
-    catching the unique violation would cost a savepoint and its release,
-    and a transaction of their own its BEGIN and COMMIT. Like the plain
-    insert, it waits for a concurrent transaction inserting the same key,
-    and then sees its row."""
+    (runs.fixed_queries.insert_statement): False if it is, and then
+    nothing is recorded. One statement for the row and its event, where a
+    transaction of their own would cost its BEGIN and COMMIT too."""
     using = router.db_for_write(ToolCall)
-    query = sql.InsertQuery(ToolCall, on_conflict=OnConflict.IGNORE)
-    query.insert_values(
-        [f for f in ToolCall._meta.local_concrete_fields if not f.primary_key],
-        [row],
+    _, inserted = record_with_write(
+        insert_statement(row, ignore_conflicts=True, using=using), **event
     )
-    compiler = query.get_compiler(using=using)
-    compiler.returning_fields = [ToolCall._meta.pk]
-    [(statement, params)] = compiler.as_sql()
-    _, inserted = record_with_write((statement, params), **event)
     if not inserted:
         return False
     row.pk = inserted[0][0]

@@ -19,6 +19,7 @@ tool call, the audit event's own tenant).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.utils import timezone
@@ -26,7 +27,7 @@ from django.utils import timezone
 from approvals.content import resume_row
 from approvals.models import ApprovalRequest
 from audit import events
-from audit.services import Actor, record
+from audit.services import Actor, Write, record, record_with_write
 from runs.crypto import ThreadCipher
 from runs.errors import StateConflict
 from runs.fixed_queries import save_fields
@@ -37,19 +38,33 @@ SYSTEM = Actor.system("approval escalation")
 
 
 def approval_event(
-    *, approval: ApprovalRequest, kind, actor: Actor, run_id=None, **data
-) -> None:
+    *,
+    approval: ApprovalRequest,
+    kind,
+    actor: Actor,
+    run_id=None,
+    writes: Sequence[Write] = (),
+    **data,
+) -> list[tuple]:
     """Record an event about an approval request, in the caller's transaction:
-    every such event names the request, its thread, run and action."""
-    record(
-        tenant=approval.tenant,
-        kind=kind,
-        actor=actor,
-        thread_id=approval.thread.thread_id,
-        run_id=str(run_id or approval.run_id),
-        action=approval.action,
-        data={"approval_id": str(approval.pk), "action": approval.action, **data},
-    )
+    every such event names the request, its thread, run and action. With
+    `writes` (each SQL and its parameters, with RETURNING), the writes it
+    records, in one statement with it where they can be
+    (audit.services.record_with_write): the rows the first write returned;
+    none, and no event, if one write returned none."""
+    about = {
+        "tenant": approval.tenant,
+        "kind": kind,
+        "actor": actor,
+        "thread_id": approval.thread.thread_id,
+        "run_id": str(run_id or approval.run_id),
+        "action": approval.action,
+        "data": {"approval_id": str(approval.pk), "action": approval.action, **data},
+    }
+    if writes:
+        return record_with_write(*writes, **about)[1]
+    record(**about)
+    return []
 
 
 def approval_read(

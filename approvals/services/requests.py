@@ -4,6 +4,7 @@ with their interrupts."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 
 from django.utils import timezone
 
@@ -22,6 +23,7 @@ from audit.services import Actor
 from runs import registry
 from runs.actions import ArgsInvalid, higher_risk
 from runs.crypto import ThreadCipher
+from runs.fixed_queries import insert_statement, inserted
 from runs.gates import is_gate
 from runs.models import Run
 from runs.signals import InterruptRejected
@@ -86,37 +88,70 @@ def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalReques
     policy = policy_for(thread.tenant) if parsed else None
     opened = []
     for interrupt, payload, risk in parsed:
-        request = ApprovalRequest.objects.filter(
-            thread=thread, interrupt_id=interrupt.id
-        ).first()
-        if request is not None and request.status != request.Status.CANCELLED:
+        opening = _Opening(run, payload, risk, policy.due_in(risk), cipher, shown)
+        # The interrupt's first request: inserted with its event in one
+        # statement, unless the interrupt has one already (from an earlier
+        # run), and then nothing is written.
+        request = opening.pending(
+            ApprovalRequest(
+                tenant=thread.tenant, thread=thread, interrupt_id=interrupt.id
+            )
+        )
+        if opening.record(
+            request, writes=[insert_statement(request, ignore_conflicts=True)]
+        ):
+            inserted(request)
+            opened.append(request)
+            continue
+        request = ApprovalRequest.objects.get(thread=thread, interrupt_id=interrupt.id)
+        if request.status != request.Status.CANCELLED:
             continue  # still waiting (or decided) from an earlier run
         # A request closed when its run failed waits again once a retry of the
         # run stops at the same interrupt: a gate is never left without one.
-        request = request or ApprovalRequest(
-            tenant=thread.tenant, thread=thread, interrupt_id=interrupt.id
-        )
-        request.run = run
-        request.status = ApprovalRequest.Status.PENDING
-        request.decided_at = None
-        request.gate, request.risk, request.action = payload.gate, risk, payload.action
-        request.required_approvals = REQUIRED_APPROVALS[risk]
-        request.due_at = timezone.now() + policy.due_in(risk)
-        request.payload = cipher.encrypt_value(
-            payload.as_dict(), row=payload_row(request)
-        )
-        request.safe_args = safe_args_text(payload.args, shown)
-        request.save()
-        approval_event(
-            approval=request,
-            kind=events.APPROVAL_REQUESTED,
-            actor=Actor.agent(thread.agent_name),
-            risk=risk,
-            gate=payload.gate,
-            args=describe(payload.args, safe_keys=shown),
-        )
+        opening.pending(request).save()
+        opening.record(request)
         opened.append(request)
     return opened
+
+
+@dataclasses.dataclass(frozen=True)
+class _Opening:
+    """What opening a request for one gate of a run writes, and its event."""
+
+    run: Run
+    payload: payload_contract.ApprovalPayload
+    risk: str
+    due_in: timedelta
+    cipher: ThreadCipher
+    shown: frozenset[str]
+
+    def pending(self, request: ApprovalRequest) -> ApprovalRequest:
+        """`request` waiting on the run's gate, the payload sealed to its row."""
+        payload = self.payload
+        request.run = self.run
+        request.status = ApprovalRequest.Status.PENDING
+        request.decided_at = None
+        request.gate, request.action = payload.gate, payload.action
+        request.risk = self.risk
+        request.required_approvals = REQUIRED_APPROVALS[self.risk]
+        request.due_at = timezone.now() + self.due_in
+        request.payload = self.cipher.encrypt_value(
+            payload.as_dict(), row=payload_row(request)
+        )
+        request.safe_args = safe_args_text(payload.args, self.shown)
+        return request
+
+    def record(self, request: ApprovalRequest, writes=()) -> list[tuple]:
+        """Record `approval.requested` (approval_event, with `writes`)."""
+        return approval_event(
+            approval=request,
+            kind=events.APPROVAL_REQUESTED,
+            actor=Actor.agent(self.run.thread.agent_name),
+            writes=writes,
+            risk=self.risk,
+            gate=self.payload.gate,
+            args=describe(self.payload.args, safe_keys=self.shown),
+        )
 
 
 def approval_interrupts_move(*, thread, moved: dict[str, str]) -> int:

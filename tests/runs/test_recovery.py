@@ -157,3 +157,31 @@ def test_a_retry_that_stops_at_a_closed_requests_interrupt_reopens_it():
         interrupts=[Interrupt(value=payload_of(approval), id=approval.interrupt_id)],
     )
     assert reopened.pk == approval.pk and reopened.status == "pending"
+    assert payload_of(reopened) == payload_of(approval)
+    assert (
+        AuditEvent.objects.for_tenant(tenant).filter(kind="approval.requested").count()
+        == 2
+    )
+
+
+@pytest.mark.django_db
+def test_a_run_that_stops_at_a_pending_requests_interrupt_opens_no_second_one():
+    from langgraph.types import Interrupt
+
+    from approvals.content import payload_of
+    from approvals.services import approval_requests_open
+
+    tenant = make_tenant()
+    approval = waiting_request(tenant)
+    reopened = approval_requests_open(
+        run=approval.run,
+        interrupts=[Interrupt(value=payload_of(approval), id=approval.interrupt_id)],
+    )
+    assert reopened == []
+    assert list(ApprovalRequest.objects.values_list("pk", "status")) == [
+        (approval.pk, "pending")
+    ]
+    assert (
+        AuditEvent.objects.for_tenant(tenant).filter(kind="approval.requested").count()
+        == 1
+    )

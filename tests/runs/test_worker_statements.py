@@ -12,9 +12,11 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.test.utils import CaptureQueriesContext
 
+from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
 from runs import dispatch, execution
 from runs.models import Run, ToolCall
+from runs.signals import InterruptRejected, run_interrupted
 from tests.factories import tenant_with_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -110,3 +112,59 @@ def test_a_runs_bookkeeping_writes_are_each_one_statement_with_their_event(
     assert set(ToolCall.objects.values_list("status", flat=True)) == {"succeeded"}
     thread = client.get("/api/v1/threads/t-1").json()
     assert thread["status"] == "idle"
+
+
+def test_a_gates_request_is_inserted_in_the_statement_of_its_event(dispatched):
+    """The run that stops at the refund's gate: its request inserted with
+    `approval.requested` in one statement, no look-up before it and no
+    savepoint around the receivers."""
+    tenant, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t-1", "agent": "refund"}, format="json"
+    )
+    client.post("/api/v1/threads/t-1/runs", {"input": REFUND_INPUT}, format="json")
+    with CaptureQueriesContext(connection) as captured:
+        execution.execute(dispatched.pop())
+    sql = [q["sql"] for q in captured.captured_queries]
+    requests = [s for s in sql if '"approvals_approvalrequest"' in s]
+    assert len(requests) == 1, requests
+    assert requests[0].startswith("WITH w0 AS (INSERT INTO")
+    assert '"audit_auditevent"' in requests[0]
+    assert not [s for s in sql if s.startswith("SAVEPOINT")]
+    (request,) = ApprovalRequest.objects.all()
+    assert request.status == "pending" and request.risk == "low"
+    event = AuditEvent.objects.for_tenant(tenant).get(kind="approval.requested")
+    assert event.data["approval_id"] == str(request.pk)
+    assert Run.objects.get(pk=request.run_id).status == Run.Status.INTERRUPTED
+
+
+def test_a_rejected_interrupt_rolls_back_what_the_receivers_wrote(dispatched):
+    """A receiver of run_interrupted that rejects the interrupt after another
+    one opened its request: neither the request nor its event commits, and
+    the run fails with the receiver's message."""
+
+    def reject(sender, **kwargs):
+        raise InterruptRejected("the payload says nothing a reviewer can judge")
+
+    tenant, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t-1", "agent": "refund"}, format="json"
+    )
+    run_id = client.post(
+        "/api/v1/threads/t-1/runs", {"input": REFUND_INPUT}, format="json"
+    ).json()["run_id"]
+    run_interrupted.connect(reject, dispatch_uid="tests.reject")
+    try:
+        execution.execute(dispatched.pop())
+    finally:
+        run_interrupted.disconnect(dispatch_uid="tests.reject")
+    run = Run.objects.get(pk=run_id)
+    assert run.status == Run.Status.FAILED
+    assert run.error_type == "InterruptRejected"
+    assert run.next_nodes == ["request_approval"]
+    body = client.get(f"/api/v1/threads/t-1/runs/{run_id}").json()
+    assert "a reviewer can judge" in body["error"]
+    assert not ApprovalRequest.objects.exists()
+    kinds = set(AuditEvent.objects.for_tenant(tenant).values_list("kind", flat=True))
+    assert "run.failed" in kinds and "approval.requested" not in kinds
+    assert client.get("/api/v1/threads/t-1").json()["status"] == "error"
