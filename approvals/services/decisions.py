@@ -20,7 +20,8 @@ from approvals.reviewers import (
 from approvals.selectors import decisions_of
 from approvals.services.lifecycle import (
     approval_event,
-    approval_resolve,
+    approval_resume,
+    approval_settled,
     locked_pending,
     resume_value,
 )
@@ -30,6 +31,12 @@ from audit.redaction import describe, digest
 from runs.actions import higher_risk
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
+from runs.fixed_queries import (
+    insert_statement,
+    inserted,
+    save_fields,
+    update_statement,
+)
 from runs.models import Run
 from runs.selectors import jsonable
 
@@ -151,7 +158,6 @@ def approval_decide(
     decision.detail = cipher.encrypt_value(
         {"note": note, "args": edit, "edits": edits}, row=decision_row(decision)
     )
-    decision.save()
     request.decisions_now = [*earlier, decision]
 
     approvals = len(counted | {reviewer.counted_as}) if approved else 0
@@ -169,10 +175,34 @@ def approval_decide(
         edit_text = "; edited " + audit_diff_text(edits, shown, limit=150)
         if risk_rose:
             edit_text += f" (now {request.risk} risk)"
+    # The decision's INSERT and, if it settles the request, the request's
+    # UPDATE (settled first: the gate opens only for the value stored with
+    # it) in the statement of the event.
+    writes = [insert_statement(decision)]
+    if settled:
+        value = resume_value(
+            approval=request,
+            approved=approved,
+            note=note,
+            reviewer=reviewer.shown,
+            args=approved_args if approved else current,
+            edits=request_diff(request, original, approved_args) if approved else [],
+        )
+        fields = approval_settled(
+            approval=request,
+            status=request.Status.APPROVED if approved else request.Status.DENIED,
+            resume_value=value,
+        )
+        settle = update_statement(request, fields)
+        if settle is None:
+            save_fields(request, fields)
+        else:
+            writes.append(settle)
     approval_event(
         approval=request,
         kind=events.APPROVAL_DECIDED,
         actor=reviewer.actor,
+        writes=writes,
         verdict=verdict,
         reviewer=reviewer.shown[:200],
         edit=edit_text[:200],
@@ -181,20 +211,10 @@ def approval_decide(
         required_approvals=request.required_approvals,
         **({"edited_args": describe(edit, safe_keys=shown)} if edits else {}),
     )
+    inserted(decision)
     if not settled:
         return request, None
-    run = approval_resolve(
-        approval=request,
-        status=request.Status.APPROVED if approved else request.Status.DENIED,
-        value=resume_value(
-            approval=request,
-            approved=approved,
-            note=note,
-            reviewer=reviewer.shown,
-            args=approved_args if approved else current,
-            edits=request_diff(request, original, approved_args) if approved else [],
-        ),
-        actor=reviewer.actor,
-        thread_locked=True,
+    run = approval_resume(
+        approval=request, value=value, actor=reviewer.actor, thread_locked=True
     )
     return request, run

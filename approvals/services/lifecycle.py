@@ -151,16 +151,31 @@ def resume_value(
     }
 
 
-def approval_settle(
+# What settling a request changes on its row.
+SETTLED_FIELDS = ("status", "decided_at", "resume_value")
+
+
+def approval_settled(
     *, approval: ApprovalRequest, status: str, resume_value: dict[str, Any]
-) -> None:
-    """Mark the (locked) request settled and store the value that resumes its
-    interrupt, encrypted: the gate (runs.gates) opens only for that value."""
+) -> tuple[str, ...]:
+    """Mark the (locked) request settled and seal the value that resumes its
+    interrupt, in memory: the gate (runs.gates) opens only for that value,
+    once saved (approval_settle). The fields to save."""
     cipher = ThreadCipher.for_thread(approval.thread)
     approval.status = status
     approval.decided_at = timezone.now()
     approval.resume_value = cipher.encrypt_value(resume_value, row=resume_row(approval))
-    save_fields(approval, ("status", "decided_at", "resume_value"))
+    return SETTLED_FIELDS
+
+
+def approval_settle(
+    *, approval: ApprovalRequest, status: str, resume_value: dict[str, Any]
+) -> None:
+    """Settle the (locked) request (approval_settled) and save it."""
+    save_fields(
+        approval,
+        approval_settled(approval=approval, status=status, resume_value=resume_value),
+    )
 
 
 def approval_resolve(
@@ -173,11 +188,26 @@ def approval_resolve(
 ) -> Run:
     """Settle the (locked) request and resume its run with `value`, in the
     caller's transaction: settled first, since the gate opens only for the
-    value stored with it. A run of the thread still executing is queued
-    behind, so no decision is lost. `thread_locked`: the request came from
-    `locked_pending`, whose thread is locked and current. The gate is told
-    the value just settled (`settled`) rather than reading it back."""
+    value stored with it (approval_resume)."""
     approval_settle(approval=approval, status=status, resume_value=value)
+    return approval_resume(
+        approval=approval, value=value, actor=actor, thread_locked=thread_locked
+    )
+
+
+def approval_resume(
+    *,
+    approval: ApprovalRequest,
+    value: dict[str, Any],
+    actor: Actor,
+    thread_locked: bool = False,
+) -> Run:
+    """Resume the run of a request settled with `value` in the caller's
+    transaction (its row saved settled first). A run of the thread still
+    executing is queued behind, so no decision is lost. `thread_locked`: the
+    request came from `locked_pending`, whose thread is locked and current.
+    The gate is told the value just settled (`settled`) rather than reading
+    it back."""
     resume = run_resume_locked if thread_locked else run_resume
     answer = {approval.interrupt_id: value}
     return resume(

@@ -142,7 +142,6 @@ def _queue(
         run.input = cipher.encrypt_value(input_value, row=("run-input", str(run.id)))
     if resume_value is not None:
         run.resume = cipher.encrypt_value(resume_value, row=("run-resume", str(run.id)))
-    run.save()
     changed = list(thread_fields or [])
     if thread.status != Thread.Status.RUNNING:
         thread.status = Thread.Status.RUNNING
@@ -157,7 +156,9 @@ def _queue(
             "agent": thread.agent_name,
             "version": thread.agent_version,
         },
-        # The thread's UPDATE in the event's statement: one round trip.
+        # The run's INSERT and the thread's UPDATE in the event's statement:
+        # one round trip.
+        inserts=[run],
         saves=[(thread, [*changed, "updated_at"])] if changed else (),
     )
     dispatch.run_dispatch(run.id)

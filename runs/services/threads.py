@@ -22,7 +22,13 @@ from runs import gates, registry, selectors
 from runs.checkpointer import DjangoSaver
 from runs.crypto import CryptoError, ThreadDeleted
 from runs.errors import InvalidRequest, StateConflict
-from runs.fixed_queries import row_gone, save_fields, update_statement
+from runs.fixed_queries import (
+    insert_statement,
+    inserted,
+    row_gone,
+    save_fields,
+    update_statement,
+)
 from runs.graphs import compile_for, spec_for, thread_config
 from runs.models import Run, Tenant, Thread
 
@@ -79,11 +85,13 @@ def thread_event(
     actor: Actor,
     run: Run | None = None,
     data: dict[str, Any] | None = None,
+    inserts: Sequence[Model] = (),
     saves: Sequence[tuple[Model, Sequence[str]]] = (),
 ) -> None:
     """Record an event about a thread (and one of its runs) in the audit
-    trail, in the caller's transaction; with `saves`, rows and the fields to
-    save of each, saved with it: in the same statement where they can be
+    trail, in the caller's transaction; with `inserts`, new rows inserted
+    with it, and with `saves`, rows and the fields to save of each, saved
+    with it: in the same statement where they can be
     (audit.services.record_with_write), one round trip instead of one each."""
     event = {
         "tenant": thread.tenant,
@@ -93,8 +101,11 @@ def thread_event(
         "run_id": str(run.id) if run is not None else "",
         "data": data,
     }
-    writes = [update_statement(row, fields) for row, fields in saves]
+    writes = [insert_statement(row) for row in inserts]
+    writes += [update_statement(row, fields) for row, fields in saves]
     if not writes or None in writes:
+        for row in inserts:
+            row.save(force_insert=True)
         for row, fields in saves:
             save_fields(row, fields)
         record(**event)
@@ -102,6 +113,8 @@ def thread_event(
     recorded, _ = record_with_write(*writes, **event)
     if recorded is None:  # as Model.save says it
         raise row_gone()
+    for row in inserts:
+        inserted(row)
 
 
 def _agent_spec(agent: str) -> registry.AgentSpec:

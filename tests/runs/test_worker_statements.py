@@ -168,3 +168,45 @@ def test_a_rejected_interrupt_rolls_back_what_the_receivers_wrote(dispatched):
     kinds = set(AuditEvent.objects.for_tenant(tenant).values_list("kind", flat=True))
     assert "run.failed" in kinds and "approval.requested" not in kinds
     assert client.get("/api/v1/threads/t-1").json()["status"] == "error"
+
+
+def test_the_start_and_the_decision_save_their_rows_with_their_events(dispatched):
+    """Over the API: the started run inserted in the statement of its
+    run.queued; the decision inserted, and the request it settles updated,
+    in the statement of approval.decided, and the resumed run in that of its
+    run.queued."""
+    tenant, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t-1", "agent": "refund"}, format="json"
+    )
+    with CaptureQueriesContext(connection) as started:
+        client.post("/api/v1/threads/t-1/runs", {"input": REFUND_INPUT}, format="json")
+    (queued,) = [q["sql"] for q in started if 'INSERT INTO "runs_run"' in q["sql"]]
+    assert queued.startswith("WITH w0 AS (INSERT") and '"audit_auditevent"' in queued
+    execution.execute(dispatched.pop())
+    approval_id = client.get("/api/v1/threads/t-1").json()["pending_approvals"][0]
+    with CaptureQueriesContext(connection) as decided:
+        response = client.post(
+            f"/api/v1/approvals/{approval_id}/decision",
+            {"approved": True, "reviewer": "rita"},
+            format="json",
+        )
+    assert response.status_code == 200, response.content
+    sql = [q["sql"] for q in decided]
+    (decision,) = [s for s in sql if 'INSERT INTO "approvals_decision"' in s]
+    assert decision.startswith("WITH w0 AS (INSERT")
+    assert 'UPDATE "approvals_approvalrequest"' in decision
+    assert '"audit_auditevent"' in decision
+    assert not [s for s in sql if s.startswith('UPDATE "approvals_approvalrequest"')]
+    (queued,) = [s for s in sql if 'INSERT INTO "runs_run"' in s]
+    assert queued.startswith("WITH w0 AS (INSERT") and '"audit_auditevent"' in queued
+    request = ApprovalRequest.objects.get(pk=approval_id)
+    assert request.status == "approved" and request.decisions.count() == 1
+    resumed = Run.objects.get(pk=response.json()["resumed_run"]["run_id"])
+    assert resumed.status == Run.Status.QUEUED and resumed.kind == Run.Kind.RESUME
+    events = AuditEvent.objects.for_tenant(tenant).order_by("seq")
+    assert list(events.values_list("kind", flat=True))[-3:] == [
+        "approval.decided",
+        "run.queued",
+        "approval.read",
+    ]
