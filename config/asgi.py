@@ -63,7 +63,10 @@ class OneHopASGIHandler(ASGIHandler):
     per-request thread Django would use (thread-sensitive, in the request's
     ThreadSensitiveContext), so database connections and thread-locals behave
     as before. What a view returns to stream (an async iterator) is still
-    iterated in the event loop by `send_response`, holding no thread.
+    iterated in the event loop by `send_response`; the request's thread
+    stays reserved (idle: its few sync calls, such as a stream's run
+    look-ups, run on it) until the body ends, so each waiting request keeps
+    one thread (docs/scaling.md).
 
     A kept thread serves requests of any tenant in turn, so nothing of a
     request may stay in its thread-locals: its connection goes back to the

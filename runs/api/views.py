@@ -253,7 +253,7 @@ def _run_body_now(request, run: Run, reveal: bool) -> bytes:
 
 async def _once_stopped(request, run: Run, seconds: float, reveal: bool):
     """The run's body once it has stopped, or after `seconds` (streaming.stopped
-    waits in the event loop: no thread, no database connection)."""
+    waits in the event loop, with no database connection)."""
     await streaming.stopped(run.pk, within=seconds)
     yield await sync_to_async(_run_body_now)(request, run, reveal)
 
