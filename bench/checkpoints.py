@@ -218,8 +218,9 @@ class FloorSaver:
         self.encode_seconds = 0.0
 
     def get_next_version(self, current, channel):
-        number = 0 if current is None else int(str(current).split(".")[0])
-        return f"{number + 1:032}.{random.random():016}"
+        from runs.checkpointer import next_version
+
+        return next_version(current)  # DjangoSaver's versions, the same bytes
 
     def prepare(self, workload: Workload, steps: int) -> list[tuple]:
         """Encrypt every step as DjangoSaver would, outside the timed part."""
@@ -754,23 +755,20 @@ Reading these figures:
   updates (compressed at zstd's level 15: about 32 KB of ciphertext a thread
   here); the checkpoint row holds its ids and one ciphertext of the
   checkpoint with its metadata, compressed with a dictionary of LangGraph's
-  format (about 180 bytes). Ids are UUIDs in 16 bytes and each row's
-  identity is its primary key, so a step is about 283 bytes of checkpoint
+  format (about 165 bytes). Ids are UUIDs in 16 bytes and each row's
+  identity is its primary key, so a step is about 266 bytes of checkpoint
   row and 60 of key, and 420 of pending-write row (337 of them ciphertext)
   and 80 of key: with the snapshots (about 28 KB a thread) and free space
-  at page ends about 1.05 KB a step (PostgresSaver's rows take about 2.7
+  at page ends about 1 KB a step (PostgresSaver's rows take about 2.7
   KB). The figure is what the threads add to a store that already holds
   one: what a table pays once (its free-space map, 24 KB once it has one;
   the first pages of its heap and indexes; a part-filled page for each
   connection that inserts, and LangGraph writes from several executor
   threads) is not a thread's, and spread over the threads measured it made
   the figure depend on their number (0.252 MB a thread over 5, 0.224 over
-  15, against 0.211 MB). Under 0.2 MB needs about 55 bytes less a step:
-  the random tie-breakers of the checkpoint's four distinct channel
-  versions are about 50 bytes of its ciphertext (uniqueness among forks of
-  a checkpoint is what they are for: a blob's key is its version), the
-  rest is two rows' headers, ids and key entries, so the next cut is fewer
-  rows (a step's writes kept with the checkpoint that follows them).
+  15, against 0.211 MB). What is left beyond the ciphertexts is two rows'
+  headers, ids and key entries, so the next cut is fewer rows (a step's
+  writes kept with the checkpoint that follows them).
 """
 
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import base64
+import os
 import shutil
 import subprocess
 import uuid
@@ -21,7 +22,7 @@ from langgraph.types import Command, interrupt
 
 from audit.models import AuditEvent
 from runs import storage
-from runs.checkpointer import PACKED_WRITES_IDX, DjangoSaver
+from runs.checkpointer import PACKED_WRITES_IDX, DjangoSaver, next_version
 from runs.crypto import (
     NotCiphertext,
     TamperedCiphertext,
@@ -292,6 +293,65 @@ def test_put_writes_only_channels_with_a_new_version():
     assert ChannelBlob.objects.filter(channel="notes").count() == 2
     loaded = saver.get_tuple(second).checkpoint["channel_values"]
     assert loaded == {"history": [LONG], "notes": [LONG, LONG]}
+
+
+def test_versions_count_up_and_never_repeat_across_threads_and_forks():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        versions = list(pool.map(lambda _: next_version(41), range(2000)))
+    assert len(set(versions)) == 2000
+    assert {v.split(".")[0] for v in versions} == {f"{42:032}"}
+    # PostgresSaver's form (and rows written before) counts on the same way.
+    older = f"{7:032}.0.5488135039273248"
+    assert (
+        next_version(older).split(".")[0] == f"{8:032}" and next_version(older) > older
+    )
+    assert next_version(None) < next_version(next_version(None))
+    # A forked worker process draws a token of its own.
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write, next_version(41).encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    in_child = os.read(read, 200).decode()
+    assert in_child.split(".")[1][:16] != versions[0].split(".")[1][:16]
+
+
+class NotesState(TypedDict):
+    notes: str
+    step: int
+
+
+@pytest.mark.django_db(transaction=True)
+def test_forks_of_one_checkpoint_each_keep_their_own_blob():
+    """Two state updates from one checkpoint give the blob channel the same
+    counter; the tie-breaker keeps each fork's value its own."""
+    saver = DjangoSaver(tenant=make_tenant())
+    builder = StateGraph(NotesState)
+    builder.add_node("write", lambda state: {"notes": LONG, "step": 1})
+    builder.add_edge(START, "write")
+    builder.add_edge("write", END)
+    graph = builder.compile(checkpointer=saver)
+    config = thread_config("forked")
+    graph.invoke({"notes": "", "step": 0}, config)
+    origin = graph.get_state(config).config
+
+    forks = {
+        text: graph.update_state(origin, {"notes": text})
+        for text in ("a" * 2000, "b" * 2000)
+    }
+
+    for text, fork in forks.items():
+        assert graph.get_state(fork).values["notes"] == text
+    versions = [
+        saver.get_tuple(fork).checkpoint["channel_versions"]["notes"]
+        for fork in forks.values()
+    ]
+    assert versions[0].split(".")[0] == versions[1].split(".")[0]
+    assert versions[0] != versions[1]
+    assert ChannelBlob.objects.filter(channel="notes").count() == 3
 
 
 @pytest.mark.django_db
