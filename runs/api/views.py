@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from urllib.parse import urlencode
 
@@ -13,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.services import Actor
-from runs import permissions, registry, selectors, services, streaming
+from runs import outages, permissions, registry, selectors, services, streaming
 from runs.api.filters import ThreadFilter
 from runs.api.idempotency import IdempotentWrites
 from runs.api.parsers import SafeJSONRenderer
@@ -36,6 +37,8 @@ from runs.api.serializers import (
 )
 from runs.errors import InvalidRequest
 from runs.models import Run, Scope, Thread
+
+logger = logging.getLogger(__name__)
 
 MAX_HISTORY = 200
 
@@ -251,11 +254,22 @@ def _run_body_now(request, run: Run, reveal: bool) -> bytes:
     return SafeJSONRenderer().render(run_body(request, current, reveal=reveal))
 
 
-async def _once_stopped(request, run: Run, seconds: float, reveal: bool):
+async def _once_stopped(request, run: Run, seconds: float, reveal: bool, before):
     """The run's body once it has stopped, or after `seconds` (streaming.stopped
-    waits in the event loop, with no database connection)."""
-    await streaming.stopped(run.pk, within=seconds)
-    yield await sync_to_async(_run_body_now)(request, run, reveal)
+    waits in the event loop, with no database connection).
+
+    The status line (200) has gone out before this runs, so a database outage
+    while waiting or reading the run cannot become a 503: the run is answered
+    as it was read before the wait (still queued or running), a whole JSON
+    body the client can ask again after. Its error is withheld, as no audit
+    event can record reading it (an active run has none anyway)."""
+    try:
+        await streaming.stopped(run.pk, within=seconds)
+        body = await sync_to_async(_run_body_now)(request, run, reveal)
+    except outages.DATABASE_ERRORS as error:
+        logger.warning("run %s: answered as before its wait (%r)", run.pk, error)
+        body = before
+    yield body
 
 
 class RunDetailView(TenantThreadMixin, APIView):
@@ -272,8 +286,12 @@ class RunDetailView(TenantThreadMixin, APIView):
         seconds = wait_seconds(request)
         reveal = reads_content(request)
         if seconds and run.is_active:
+            # Read before the wait, for an answer if the database goes away.
+            before = SafeJSONRenderer().render(
+                RunSerializer(run, context={"reveal_errors": False}).data
+            )
             return StreamingHttpResponse(
-                _once_stopped(request, run, seconds, reveal),
+                _once_stopped(request, run, seconds, reveal, before),
                 content_type="application/json",
                 headers={"Cache-Control": "no-store"},
             )

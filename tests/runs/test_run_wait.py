@@ -7,6 +7,7 @@ database log."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from runs import streaming
 from runs.crypto import ThreadCipher
 from runs.models import Run
 from tests.factories import make_api_key, make_tenant, tenant_with_client
+from tests.runs.test_outages import broker_unreachable, database_unreachable
 from tests.servers import LiveServer
 from tests.workers import wait_for
 
@@ -288,3 +290,41 @@ def test_stopped_wakes_on_the_end_as_it_is_published(queued_run, settings):
     took = timed_stop(run, 10)
     timer.join()
     assert 0.3 <= took < 5
+
+
+# --- A database outage during the wait: the run as read before it -------------
+
+
+async def _read(response) -> bytes:
+    return b"".join([part async for part in response.streaming_content])
+
+
+@pytest.mark.parametrize("log", ["redis", "database"])
+def test_an_outage_while_waiting_answers_the_run_read_before(
+    transactional_db, settings, log
+):
+    """The 200 has gone out before the wait, so no 503 can follow: the body is
+    the run as the view read it (queued), whole JSON, not a cut stream. On the
+    database log the wait itself fails; on Redis the read after it."""
+    settings.GATEHOUSE_STREAM_URL = (
+        settings.CELERY_BROKER_URL if log == "redis" else "database"
+    )
+    _, api = tenant_with_client()
+    api.post("/api/v1/threads", {"thread_id": "o-1", "agent": "echo"}, format="json")
+    # Accepted with no message sent: no worker (this module's) takes it while
+    # the test runs (the sweep waits for GATEHOUSE_RUN_LEASE_SECONDS).
+    with broker_unreachable():
+        started = api.post(
+            "/api/v1/threads/o-1/runs", {"input": {"text": "hi"}}, format="json"
+        )
+    assert started.status_code == 202, started.content
+    run_id = started.json()["run_id"]
+    before = api.get(f"/api/v1/threads/o-1/runs/{run_id}").json()
+    assert before["status"] == "queued"
+    # The view answers at once; the wait runs as the body is read.
+    response = api.get(f"/api/v1/threads/o-1/runs/{run_id}", {"wait": "1"})
+    assert response.status_code == 200 and response.streaming
+    with database_unreachable():
+        body = json.loads(async_to_sync(_read)(response))
+    assert body == before
+    assert Run.objects.get(pk=run_id).status == Run.Status.QUEUED
