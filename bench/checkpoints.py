@@ -41,8 +41,19 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# Issue 15: a 200-step chat thread stores under 0.2 MB.
+# Issue 15: a 200-step chat thread stores under 0.2 MB, counted as what one
+# more thread adds to a store already holding one (chat_sizes; CHAT_METHOD).
 CHAT_TARGET_BYTES = 200_000
+# Said wherever the chat figure is printed or judged: the method changed at
+# b12474b, and with it the figure, with no change of format.
+CHAT_METHOD = (
+    "Method: since b12474b the chat figure is what threads add to a store that "
+    "already holds one, per thread; before, it was measured from emptied "
+    "tables and held what a table pays once (DjangoSaver DeltaChannel 0.249 MB "
+    "at f6ae369 that way, 0.211-0.213 MB at b12474b this way, no format "
+    "changed). Judge issue 15's 0.2 MB goal and the storage work's cuts from "
+    "0.211-0.213 MB, not from the figures before b12474b."
+)
 SAVERS = ("PostgresSaver", "PostgresSaver+EncryptedSerializer", "DjangoSaver", "floor")
 WORDS = (
     "refund order invoice customer account shipping delivered package damaged "
@@ -855,7 +866,9 @@ def report(
     target(
         chat_bytes < CHAT_TARGET_BYTES,
         f"a {args.chat_steps}-step chat thread with the messages in a DeltaChannel "
-        f"under {CHAT_TARGET_BYTES / 1e6:.1f} MB ({chat_bytes / 1e6:.3f} MB)",
+        f"under {CHAT_TARGET_BYTES / 1e6:.1f} MB ({chat_bytes / 1e6:.3f} MB per "
+        "thread added to a store that already holds one; see the method note "
+        "under the chat table)",
     )
     lg_delta = statistics.median(delta["PostgresSaver"])
     dj_delta = statistics.median(delta["DjangoSaver"])
@@ -886,6 +899,9 @@ def report(
             f"| {name} | {channel} | {chat[(name, channel)]:,.0f} |"
             for name, channel in CHAT_STORES
         ),
+        "",
+        CHAT_METHOD + " The bytes per checkpoint of the write workload above "
+        "are still measured from emptied tables.",
     ]
     lines += ["", "Targets:", "", *targets, "", READING_NOTE, ""]
     if args.note:
@@ -936,6 +952,8 @@ def main() -> None:
         bench.open()
         print(f"chat: {args.chat_threads} threads of {args.chat_steps} steps per store")
         chat = bench.chat_sizes()
+        print(f"  goal: under {CHAT_TARGET_BYTES / 1e6:.1f} MB (DjangoSaver, DeltaChannel)")
+        print(f"  {CHAT_METHOD}")
         if args.chat_only:
             return
         print(f"writes: {args.rounds} rounds of {args.threads} x {args.steps} steps")
