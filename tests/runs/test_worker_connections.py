@@ -9,7 +9,9 @@ open a session of their own (runs.thread_connections).
 from __future__ import annotations
 
 import threading
+import time
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection, connections
@@ -19,7 +21,7 @@ from langchain_core.runnables.config import ContextThreadPoolExecutor
 from runs import thread_connections
 from runs.models import Run
 from tests.factories import tenant_with_client
-from tests.workers import Worker, wait_for
+from tests.workers import Worker, test_database_url, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -145,6 +147,79 @@ def test_a_shelved_connection_that_died_is_replaced_before_its_first_query():
     _terminate(first)  # a Postgres restart, a failover, an idle timeout
     second = _in_a_thread(_backend_pid)  # CONN_HEALTH_CHECKS: no error
     assert second != first
+
+
+def _observer() -> psycopg.Connection:
+    """A session of its own, beside any thread's: what the server sees."""
+    return psycopg.connect(test_database_url(), autocommit=True)
+
+
+def _last_statement(observer: psycopg.Connection, pid: int) -> str | None:
+    """What the session `pid` was last asked to run, as the server saw it."""
+    observer.execute("SELECT pg_stat_clear_snapshot()")
+    row = observer.execute(
+        "SELECT query FROM pg_stat_activity WHERE pid = %s", [pid]
+    ).fetchone()
+    return row and row[0]
+
+
+def _health_checked(observer: psycopg.Connection, before=None):
+    """On a new thread, a connection used once and then checked as Django
+    checks a reused one before a task or request (CONN_HEALTH_CHECKS): its
+    backend pid, and whether the check kept it. `before(pid)` runs between
+    the use and the check."""
+    assert connections["default"].health_check_enabled
+
+    def work():
+        wrapper = connections["default"]
+        with wrapper.cursor() as cursor:
+            cursor.execute("SELECT 'used before the check'")
+        pid = wrapper.connection.info.backend_pid
+        if before is not None:
+            before(pid)
+        wrapper.close_if_unusable_or_obsolete()  # what each task starts with
+        wrapper.close_if_health_check_failed()  # the check, before a query
+        return pid, wrapper.connection is not None
+
+    return _in_a_thread(work)
+
+
+def test_a_quiet_reused_connection_is_health_checked_without_a_round_trip():
+    """config.postgresql: idle, and nothing to read on its socket."""
+    with _observer() as observer:
+        pid, kept = _health_checked(observer)
+        assert kept
+        # The server saw no `SELECT 1` after the connection's last use.
+        assert _last_statement(observer, pid) == "SELECT 'used before the check'"
+
+
+def test_a_reused_connection_with_something_to_read_is_checked_by_a_statement():
+    with _observer() as observer:
+
+        def notify(pid):
+            with connections["default"].cursor() as cursor:
+                cursor.execute("LISTEN gatehouse_health")
+            observer.execute("NOTIFY gatehouse_health")
+            time.sleep(0.05)  # the notification on its way to the socket
+
+        pid, kept = _health_checked(observer, before=notify)
+        assert kept  # the session is good
+        # Django's check, sent since the socket had something to say.
+        assert _last_statement(observer, pid) == "SELECT 1"
+
+
+def test_a_reused_connection_the_server_ended_is_closed_by_its_check():
+    with _observer() as observer:
+
+        def terminate(pid):  # a Postgres restart, a failover, an idle timeout
+            observer.execute("SELECT pg_terminate_backend(%s)", [pid])
+            wait_for(
+                lambda: _last_statement(observer, pid) is None,
+                what=f"backend {pid} to end",
+            )
+
+        pid, kept = _health_checked(observer, before=terminate)
+        assert not kept
 
 
 def test_a_connection_past_its_max_age_is_closed_not_shelved(monkeypatch):
