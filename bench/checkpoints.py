@@ -229,9 +229,11 @@ class FloorSaver:
         self.encode_seconds = 0.0
 
     def get_next_version(self, current, channel):
-        from runs.checkpointer import next_version
+        from runs.checkpointer import VersionSequence
 
-        return next_version(current)  # DjangoSaver's versions, the same bytes
+        if not hasattr(self, "versions"):
+            self.versions = VersionSequence()  # DjangoSaver's, the same bytes
+        return self.versions.after(current)
 
     def prepare(self, workload: Workload, steps: int) -> list[tuple]:
         """Encrypt every step as DjangoSaver would, outside the timed part."""
@@ -952,7 +954,9 @@ def main() -> None:
         bench.open()
         print(f"chat: {args.chat_threads} threads of {args.chat_steps} steps per store")
         chat = bench.chat_sizes()
-        print(f"  goal: under {CHAT_TARGET_BYTES / 1e6:.1f} MB (DjangoSaver, DeltaChannel)")
+        print(
+            f"  goal: under {CHAT_TARGET_BYTES / 1e6:.1f} MB (DjangoSaver, DeltaChannel)"
+        )
         print(f"  {CHAT_METHOD}")
         if args.chat_only:
             return

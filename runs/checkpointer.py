@@ -155,41 +155,46 @@ class _Row:
         )
 
 
-def next_version(current: str | int | None) -> str:
-    """The version after `current`: PostgresSaver's zero-padded counter, which
+class VersionSequence:
+    """A saver's channel versions: PostgresSaver's zero-padded counter, which
     orders a channel's versions, then a tie-breaker.
 
     The tie-breaker is what keeps two forks of one checkpoint (two resumes or
     state updates from it) from giving a channel the same version: a blob's
     key is its version, and the second fork's blob would otherwise be dropped
     as already stored and the first fork's read in its place. PostgresSaver's
-    is a random float per call (~18 digits); this is a random token per
-    process (64 bits, drawn again in a forked child) and a counter, unique
-    within the process by construction and across processes by the token, and
-    ~18 bytes smaller per checkpoint once compressed, since a checkpoint's
-    versions mostly share the token. Readers only ever compare versions and
-    parse the counter before the dot, so versions of either form mix.
+    is a random float per call (~18 digits); this is a random 64-bit token and
+    a counter, unique within the sequence by construction and across
+    sequences by the token, and ~18 bytes smaller per checkpoint once
+    compressed, since a checkpoint's versions mostly share the token. One
+    sequence per saver, and a saver serves one tenant: versions stored in
+    clear (`runs_channelblob.version`, `blob_versions`) link no two tenants'
+    rows, nor say how much another tenant wrote. Drawn again in a forked
+    child (the pid is checked). Readers only ever compare versions and parse
+    the counter before the dot, so versions of either form mix.
     """
-    if current is None:
-        number = 0
-    elif isinstance(current, int):
-        number = current
-    else:
-        number = int(current.split(".")[0])
-    pid, token, counter = _version_state[0]
-    if pid != os.getpid():
-        pid, token, counter = _version_state[0] = (
-            os.getpid(),
-            secrets.token_hex(8),
-            itertools.count(1),
-        )
-    return f"{number + 1:032}.{token}{next(counter):x}"
 
+    def __init__(self) -> None:
+        # (pid, token, counter), replaced whole, so that a thread never pairs
+        # one token with another's counter. `next()` on an itertools.count is
+        # atomic under the GIL: threads sharing a token never share a count.
+        self._state: tuple[int, str, Iterator[int]] = (0, "", itertools.count(1))
 
-# next_version's (pid, token, counter), replaced whole, so that a thread never
-# pairs one token with another's counter. `next()` on an itertools.count is
-# atomic under the GIL: threads sharing a token never share a count.
-_version_state: list[tuple[int, str, Iterator[int]]] = [(0, "", itertools.count(1))]
+    def after(self, current: str | int | None) -> str:
+        if current is None:
+            number = 0
+        elif isinstance(current, int):
+            number = current
+        else:
+            number = int(current.split(".")[0])
+        pid, token, counter = self._state
+        if pid != os.getpid():
+            pid, token, counter = self._state = (
+                os.getpid(),
+                secrets.token_hex(8),
+                itertools.count(1),
+            )
+        return f"{number + 1:032}.{token}{next(counter):x}"
 
 
 @dataclass(frozen=True)
@@ -447,6 +452,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self._created_threads: set[int] = set()
         # The pks of the threads it knows are marked `uses_delta_channels`.
         self._delta_threads: set[int] = set()
+        self._versions = VersionSequence()
 
     def with_allowlist(self, extra_allowlist: Iterable[tuple[str, ...]]) -> DjangoSaver:
         """LangGraph's hook for the types a graph's state declares."""
@@ -467,6 +473,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone._written_threads = {}
         clone._created_threads = set()
         clone._delta_threads = set()
+        clone._versions = VersionSequence()  # another tenant's: its own
         return clone
 
     def adopt(self, thread: Thread, cipher: ThreadCipher) -> None:
@@ -486,7 +493,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             self._delta_threads.add(thread.pk)
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
-        return next_version(current)
+        return self._versions.after(current)
 
     # --- threads ------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from langgraph.types import Command, interrupt
 
 from audit.models import AuditEvent
 from runs import storage
-from runs.checkpointer import PACKED_WRITES_IDX, DjangoSaver, next_version
+from runs.checkpointer import PACKED_WRITES_IDX, DjangoSaver
 from runs.crypto import (
     NotCiphertext,
     TamperedCiphertext,
@@ -295,28 +295,41 @@ def test_put_writes_only_channels_with_a_new_version():
     assert loaded == {"history": [LONG], "notes": [LONG, LONG]}
 
 
+@pytest.mark.django_db
 def test_versions_count_up_and_never_repeat_across_threads_and_forks():
     from concurrent.futures import ThreadPoolExecutor
 
+    saver = DjangoSaver(tenant=make_tenant())
     with ThreadPoolExecutor(4) as pool:
-        versions = list(pool.map(lambda _: next_version(41), range(2000)))
+        versions = list(
+            pool.map(lambda _: saver.get_next_version(41, None), range(2000))
+        )
     assert len(set(versions)) == 2000
     assert {v.split(".")[0] for v in versions} == {f"{42:032}"}
     # PostgresSaver's form (and rows written before) counts on the same way.
     older = f"{7:032}.0.5488135039273248"
-    assert (
-        next_version(older).split(".")[0] == f"{8:032}" and next_version(older) > older
-    )
-    assert next_version(None) < next_version(next_version(None))
+    assert saver.get_next_version(older, None).split(".")[0] == f"{8:032}"
+    assert saver.get_next_version(older, None) > older
+    first = saver.get_next_version(None, None)
+    assert first < saver.get_next_version(first, None)
+
+    def token(version: str) -> str:
+        return version.split(".")[1][:16]
+
+    # Another tenant's saver (or the same saver bound to it) shares nothing
+    # that the versions stored in clear would show.
+    other = DjangoSaver(tenant=make_tenant())
+    assert token(other.get_next_version(41, None)) != token(versions[0])
+    bound = saver.for_tenant(make_tenant())
+    assert token(bound.get_next_version(41, None)) != token(versions[0])
     # A forked worker process draws a token of its own.
     read, write = os.pipe()
     child = os.fork()
     if child == 0:
-        os.write(write, next_version(41).encode())
+        os.write(write, saver.get_next_version(41, None).encode())
         os._exit(0)
     os.waitpid(child, 0)
-    in_child = os.read(read, 200).decode()
-    assert in_child.split(".")[1][:16] != versions[0].split(".")[1][:16]
+    assert token(os.read(read, 200).decode()) != token(versions[0])
 
 
 class NotesState(TypedDict):
