@@ -8,8 +8,8 @@ open a session of their own (runs.thread_connections).
 
 from __future__ import annotations
 
+import select
 import threading
-import time
 
 import psycopg
 import pytest
@@ -200,7 +200,11 @@ def test_a_reused_connection_with_something_to_read_is_checked_by_a_statement():
             with connections["default"].cursor() as cursor:
                 cursor.execute("LISTEN gatehouse_health")
             observer.execute("NOTIFY gatehouse_health")
-            time.sleep(0.05)  # the notification on its way to the socket
+            # Wait until the notification has reached the socket (not a fixed
+            # sleep: a loaded machine may deliver it late).
+            socket = connections["default"].connection.fileno()
+            readable, _, _ = select.select([socket], [], [], 10)
+            assert readable, "the NOTIFY never reached the connection's socket"
 
         pid, kept = _health_checked(observer, before=notify)
         assert kept  # the session is good
