@@ -1,8 +1,8 @@
 """Relaying a run's stream events (runs.streaming) to a client.
 
-Both run in the web process's event loop, holding no thread and no database
-connection while they wait (config/asgi.py gives the request's thread back
-once the view has returned): `sse()` as Server-Sent Events in LangGraph's
+Both run in the web process's event loop, holding no database connection
+while they wait (the request's thread stays reserved, idle, until the answer
+ends: docs/scaling.md): `sse()` as Server-Sent Events in LangGraph's
 framing (`event:`, `data:`, `id:`), `wait()` as one JSON body once the run has
 ended (`runs.wait`, `runs.join`), with a newline now and then to keep the
 connection open while the run goes on.

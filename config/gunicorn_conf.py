@@ -3,7 +3,8 @@
     gunicorn -c config/gunicorn_conf.py config.asgi:application
 
 Uvicorn workers serve the ASGI application, so streaming endpoints are async
-views that wait in the event loop, holding no thread (config/asgi.py). The rest comes from gunicorn's own
+views that wait in the event loop (their request's thread stays reserved,
+idle, until the answer ends: docs/scaling.md). The rest comes from gunicorn's own
 command line or environment: `--bind` (or PORT), `--workers` (or
 WEB_CONCURRENCY), FORWARDED_ALLOW_IPS (the proxies whose X-Forwarded-For and
 X-Forwarded-Proto are believed; 127.0.0.1 by default).

@@ -149,8 +149,7 @@ FIELD_DOCS: dict[str, tuple[str, object]] = {
         "queued or running run to stop (interrupted, succeeded, failed or "
         "cancelled). The run is answered as soon as it stops, or as it is "
         "when the time runs out (200 either way); a run that already stopped "
-        "at once. The server holds no thread and no database connection "
-        "meanwhile.",
+        "at once. The server holds no database connection meanwhile.",
         10,
     ),
     "cursor": (

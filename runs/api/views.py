@@ -256,7 +256,7 @@ def _run_body_now(request, run: Run, reveal: bool) -> bytes:
 
 async def _once_stopped(request, run: Run, seconds: float, reveal: bool, before):
     """The run's body once it has stopped, or after `seconds` (streaming.stopped
-    waits in the event loop: no thread, no database connection).
+    waits in the event loop, with no database connection).
 
     The status line (200) has gone out before this runs, so a database outage
     while waiting or reading the run cannot become a 503: the run is answered

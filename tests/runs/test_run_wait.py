@@ -8,7 +8,6 @@ database log."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -329,64 +328,3 @@ def test_an_outage_while_waiting_answers_the_run_read_before(
         body = json.loads(async_to_sync(_read)(response))
     assert body == before
     assert Run.objects.get(pk=run_id).status == Run.Status.QUEUED
-
-
-# --- Waiting requests keep no thread of the web process -----------------------
-
-
-def _server_threads(web) -> int:
-    """Threads of the web server's one uvicorn worker process."""
-    master = web.process.pid
-    (worker,) = (
-        int(pid)
-        for pid in os.listdir("/proc")
-        if pid.isdigit()
-        and _parent(int(pid)) == master
-    )
-    return len(os.listdir(f"/proc/{worker}/task"))
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rpartition(")")[2].split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def test_forty_waiting_requests_keep_no_thread_each(transactional_db, web):
-    """The request's thread goes back to the idle list once its view has
-    returned the waiting response (config.asgi.RequestExecutor): 40 waits at
-    once on a run no worker takes add a few threads, not 40 (7 -> 45 before)."""
-    tenant, api = tenant_with_client()
-    _, secret = make_api_key(tenant)
-    api.post("/api/v1/threads", {"thread_id": "t-40", "agent": "echo"}, format="json")
-    with broker_unreachable():  # no message: the run stays queued
-        started = api.post(
-            "/api/v1/threads/t-40/runs", {"input": {"text": "hi"}}, format="json"
-        )
-    run_id = started.json()["run_id"]
-    with httpx.Client(
-        base_url=f"{web.url}/api/v1",
-        headers={"Authorization": f"Bearer {secret}"},
-        timeout=60,
-        limits=httpx.Limits(max_connections=50),
-    ) as http:
-        assert http.get(f"/threads/t-40/runs/{run_id}").status_code == 200
-        before = _server_threads(web)
-        with ThreadPoolExecutor(40) as pool:
-            # One after the other (a burst's views would each take a thread
-            # at once, waits or not), all 40 waiting together at the end.
-            waits = []
-            for _ in range(40):
-                waits.append(pool.submit(waited, http, "t-40", run_id, "6"))
-                time.sleep(0.05)
-            during = []
-            deadline = time.monotonic() + 1.5
-            while time.monotonic() < deadline:
-                during.append(_server_threads(web))
-                time.sleep(0.1)
-            assert not any(w.done() for w in waits)
-            bodies = [w.result()[0] for w in waits]
-    assert [b["status"] for b in bodies] == ["queued"] * 40
-    assert max(during) - before < 10, (before, max(during))
