@@ -287,9 +287,7 @@ class RunDetailView(TenantThreadMixin, APIView):
         reveal = reads_content(request)
         if seconds and run.is_active:
             # Read before the wait, for an answer if the database goes away.
-            before = SafeJSONRenderer().render(
-                RunSerializer(run, context={"reveal_errors": False}).data
-            )
+            before = SafeJSONRenderer().render(run_body(request, run, reveal=False))
             return StreamingHttpResponse(
                 _once_stopped(request, run, seconds, reveal, before),
                 content_type="application/json",
