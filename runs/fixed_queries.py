@@ -6,7 +6,10 @@ of the CPU a run spends outside the graph. A FixedQuery keeps the queryset as
 the one definition of the query (select_related, annotations, locks and all),
 compiles it the first time, and afterwards only fills in its arguments and
 builds the model instances from the rows, as Django's ModelIterable does.
-save_fields does the same for `save(update_fields=...)`.
+save_fields does the same for `save(update_fields=...)`; update_statement and
+insert_statement give a write to run in a statement of the caller's. None of
+them skips a model's own save() or its pre_save/post_save receivers: where
+there are any, Model.save writes the row.
 
 Queries name their database alias (`using`); DATABASE_ROUTERS are not asked
 (none is configured).
@@ -20,7 +23,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    IntegrityError,
+    connections,
+    transaction,
+)
 from django.db.models import Field, Model, QuerySet, sql
 from django.db.models.constants import OnConflict
 from django.db.models.query import get_related_populators
@@ -196,19 +205,22 @@ def update_statement(
 
 def insert_statement(
     obj: Model, *, ignore_conflicts: bool = False, using: str = DEFAULT_DB_ALIAS
-) -> tuple[str, list[Any]]:
+) -> tuple[str, list[Any]] | None:
     """The INSERT of the new row `obj`, `RETURNING` its primary key, for a
     caller that runs it as part of a statement of its own
     (audit.services.record_with_write). The fields' pre_save run, as saving
-    does; like bulk_create, no save() and no signals. A primary key the
-    database assigns (an auto field) is left out, as Model.save does; the
-    caller sets it from the row returned.
+    does. None where only Model.save may insert the row (see save_fields):
+    the caller then calls save_new. A primary key the database assigns (an
+    auto field) is left out, as Model.save does; the caller sets it from the
+    row returned.
 
     `ignore_conflicts`: `ON CONFLICT DO NOTHING`, so that no row returned
     means a row with the same unique key is there already, and nothing was
     written: one statement where catching the unique violation would cost a
     savepoint and its release. Like the plain insert, it waits for a
     concurrent transaction inserting the same key, and then sees its row."""
+    if _saved_by_model_save(type(obj)):
+        return None
     meta = type(obj)._meta
     fields = [
         field
@@ -230,6 +242,50 @@ def inserted(obj: Model, *, using: str = DEFAULT_DB_ALIAS) -> None:
     obj._state.adding, obj._state.db = False, using
 
 
+def save_new(
+    obj: Model, *, ignore_conflicts: bool = False, using: str = DEFAULT_DB_ALIAS
+) -> bool:
+    """Insert `obj` through Model.save (`force_insert`), where its
+    insert_statement is None; the caller records the row's event after it,
+    in the same transaction. `ignore_conflicts`: as the statement's
+    `ON CONFLICT DO NOTHING`, False if a row with the same unique key is
+    there already and nothing was written (the insert in a savepoint, rolled
+    back, and no post_save)."""
+    if not ignore_conflicts:
+        obj.save(force_insert=True, using=using)
+        return True
+    try:
+        with transaction.atomic(using=using):
+            obj.save(force_insert=True, using=using)
+    except IntegrityError as error:
+        if not _key_taken(error):
+            raise
+        return False
+    return True
+
+
+def _key_taken(error: IntegrityError) -> bool:
+    """The violation `ON CONFLICT DO NOTHING` would have ignored: a unique
+    key's (a primary key's too) or an exclusion constraint's."""
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) in ("23505", "23P01") or getattr(
+        cause, "sqlite_errorname", None
+    ) in ("SQLITE_CONSTRAINT_UNIQUE", "SQLITE_CONSTRAINT_PRIMARYKEY")
+
+
+def _saved_by_model_save(model: type[Model]) -> bool:
+    """Whether only Model.save may write the model's rows: the model
+    overrides save() (its own rules, a guard or a validation added later,
+    are never skipped) or something listens to its pre_save or post_save.
+    The statements of this module then stand aside (save_fields,
+    update_statement, insert_statement)."""
+    return (
+        model.save is not Model.save
+        or pre_save.has_listeners(model)
+        or post_save.has_listeners(model)
+    )
+
+
 def _prepared_update(
     obj: Model, fields: Sequence[str], using: str
 ) -> tuple[str, list[Any]] | None:
@@ -239,13 +295,7 @@ def _prepared_update(
     if statement is None:
         statement = _update_statement(model, tuple(fields), using)
     sql, targets = statement
-    if (
-        not sql
-        or obj._state.adding
-        or model.save is not Model.save
-        or pre_save.has_listeners(model)
-        or post_save.has_listeners(model)
-    ):
+    if not sql or obj._state.adding or _saved_by_model_save(model):
         return None
     values = [field.pre_save(obj, False) for field in targets]
     if any(hasattr(value, "resolve_expression") for value in values):

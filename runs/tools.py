@@ -48,7 +48,12 @@ from audit.services import Actor, record, record_with_write
 from runs import thread_connections
 from runs.context import current_step, step_key
 from runs.crypto import ThreadCipher
-from runs.fixed_queries import insert_statement, row_gone, update_statement
+from runs.fixed_queries import (
+    insert_statement,
+    row_gone,
+    save_new,
+    update_statement,
+)
 from runs.models import Thread, ToolCall
 
 
@@ -336,9 +341,14 @@ def _insert_new(row: ToolCall, event: dict[str, Any]) -> bool:
     nothing is recorded. One statement for the row and its event, where a
     transaction of their own would cost its BEGIN and COMMIT too."""
     using = router.db_for_write(ToolCall)
-    _, inserted = record_with_write(
-        insert_statement(row, ignore_conflicts=True, using=using), **event
-    )
+    statement = insert_statement(row, ignore_conflicts=True, using=using)
+    if statement is None:  # only Model.save may insert it
+        with transaction.atomic(using=using):
+            if not save_new(row, ignore_conflicts=True, using=using):
+                return False
+            record(**event)
+        return True
+    _, inserted = record_with_write(statement, **event)
     if not inserted:
         return False
     row.pk = inserted[0][0]

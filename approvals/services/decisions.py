@@ -35,6 +35,7 @@ from runs.fixed_queries import (
     insert_statement,
     inserted,
     save_fields,
+    save_new,
     update_statement,
 )
 from runs.models import Run
@@ -177,8 +178,12 @@ def approval_decide(
             edit_text += f" (now {request.risk} risk)"
     # The decision's INSERT and, if it settles the request, the request's
     # UPDATE (settled first: the gate opens only for the value stored with
-    # it) in the statement of the event.
-    writes = [insert_statement(decision)]
+    # it) in the statement of the event; where only Model.save may insert
+    # the decision, each written before the event.
+    insert = insert_statement(decision)
+    if insert is None:
+        save_new(decision)
+    writes = [insert] if insert is not None else []
     if settled:
         value = resume_value(
             approval=request,
@@ -193,7 +198,9 @@ def approval_decide(
             status=request.Status.APPROVED if approved else request.Status.DENIED,
             resume_value=value,
         )
-        settle = update_statement(request, fields)
+        # Without the insert the settle is not a write of the event's: alone
+        # there, one that found no row would record nothing, not fail.
+        settle = update_statement(request, fields) if writes else None
         if settle is None:
             save_fields(request, fields)
         else:
@@ -211,7 +218,8 @@ def approval_decide(
         required_approvals=request.required_approvals,
         **({"edited_args": describe(edit, safe_keys=shown)} if edits else {}),
     )
-    inserted(decision)
+    if insert is not None:
+        inserted(decision)
     if not settled:
         return request, None
     run = approval_resume(

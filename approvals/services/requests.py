@@ -23,7 +23,7 @@ from audit.services import Actor
 from runs import registry
 from runs.actions import ArgsInvalid, higher_risk
 from runs.crypto import ThreadCipher
-from runs.fixed_queries import insert_statement, inserted
+from runs.fixed_queries import insert_statement, inserted, save_new
 from runs.gates import is_gate
 from runs.models import Run
 from runs.signals import InterruptRejected
@@ -97,10 +97,7 @@ def approval_requests_open(*, run: Run, interrupts: list) -> list[ApprovalReques
                 tenant=thread.tenant, thread=thread, interrupt_id=interrupt.id
             )
         )
-        if opening.record(
-            request, writes=[insert_statement(request, ignore_conflicts=True)]
-        ):
-            inserted(request)
+        if opening.insert(request):
             opened.append(request)
             continue
         request = ApprovalRequest.objects.get(thread=thread, interrupt_id=interrupt.id)
@@ -140,6 +137,21 @@ class _Opening:
         )
         request.safe_args = safe_args_text(payload.args, self.shown)
         return request
+
+    def insert(self, request: ApprovalRequest) -> bool:
+        """Insert the interrupt's first request with its event, in one
+        statement where it can be; False, and nothing written, if the
+        interrupt has a request already."""
+        statement = insert_statement(request, ignore_conflicts=True)
+        if statement is None:  # only Model.save may insert it
+            if not save_new(request, ignore_conflicts=True):
+                return False
+            self.record(request)
+            return True
+        if not self.record(request, writes=[statement]):
+            return False
+        inserted(request)
+        return True
 
     def record(self, request: ApprovalRequest, writes=()) -> list[tuple]:
         """Record `approval.requested` (approval_event, with `writes`)."""

@@ -27,6 +27,7 @@ from runs.fixed_queries import (
     inserted,
     row_gone,
     save_fields,
+    save_new,
     update_statement,
 )
 from runs.graphs import compile_for, spec_for, thread_config
@@ -105,7 +106,7 @@ def thread_event(
     writes += [update_statement(row, fields) for row, fields in saves]
     if not writes or None in writes:
         for row in inserts:
-            row.save(force_insert=True)
+            save_new(row)
         for row, fields in saves:
             save_fields(row, fields)
         record(**event)

@@ -6,16 +6,19 @@ import uuid
 
 import pytest
 from django.apps import apps
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from audit import events
+from audit.models import AuditEvent
 from audit.services import Actor
-from runs import execution, services
+from runs import dispatch, execution, services, tools
 from runs.fixed_queries import FixedQuery, save_fields
-from runs.models import Run, Tenant, Thread
+from runs.models import Run, Tenant, Thread, ToolCall
 from tests.factories import make_tenant
 
 pytestmark = pytest.mark.django_db
@@ -287,3 +290,167 @@ def test_the_live_thread_and_run_lookups_keep_to_the_tenant_and_live_threads():
     Thread.objects.filter(pk=thread.pk).update(deleted_at=timezone.now())
     assert selectors.live_thread(tenant, thread.thread_id) is None
     assert selectors.live_run(tenant, thread.thread_id, run.pk) is None
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """The runs queued, kept from the broker (a worker another test module
+    left running would take them)."""
+    runs: list[str] = []
+    monkeypatch.setattr(dispatch, "run_dispatch", runs.append)
+    return runs
+
+
+def _queue_a_run(tenant) -> tuple[Run, list[str]]:
+    """A run queued over the services (run.queued) in a transaction of its
+    own, as a request's, and the SQL it took. The thread's creation commits
+    first: the tenant's audit sequence row is then known to be there, which
+    a write in the statement of its event needs (audit.services._SEQUENCED)."""
+    thread = services.thread_create(
+        tenant=tenant, agent="refund", actor=Actor.system("t")
+    )
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        run = services.run_start(
+            thread=thread,
+            input={"customer_message": "hi", "order": {"id": "A-1"}},
+            actor=Actor.system("t"),
+        )
+    return run, [q["sql"] for q in captured.captured_queries]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_run_is_inserted_in_the_statement_of_its_event(dispatched):
+    run, sql = _queue_a_run(make_tenant())
+    (insert,) = [s for s in sql if 'INSERT INTO "runs_run"' in s]
+    assert insert.startswith("WITH w0 AS (INSERT") and '"audit_auditevent"' in insert
+    assert len([s for s in sql if '"audit_auditevent"' in s]) == 1
+    assert Run.objects.get(pk=run.pk).status == Run.Status.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_run_is_saved_by_model_save_when_someone_listens(dispatched):
+    """insert_statement stands aside as save_fields does: the receivers of
+    the run's post_save hear of it (a raw INSERT skipped them)."""
+    heard = []
+
+    def listener(sender, instance, created, **kwargs):
+        heard.append((instance.pk, created))
+
+    post_save.connect(listener, sender=Run)
+    try:
+        run, sql = _queue_a_run(make_tenant())
+    finally:
+        post_save.disconnect(listener, sender=Run)
+    assert heard == [(run.pk, True)]
+    (insert,) = [s for s in sql if 'INSERT INTO "runs_run"' in s]
+    assert insert.startswith('INSERT INTO "runs_run"')
+    # Its event still written, after it, in the same transaction.
+    event = AuditEvent.objects.get(kind="run.queued", run_id=str(run.pk))
+    assert event.thread_id == run.thread.thread_id
+
+
+def _ledger_row(thread: Thread, key: str) -> ToolCall:
+    return ToolCall(
+        tenant=thread.tenant,
+        thread=thread,
+        idempotency_key=key,
+        tool="refund",
+        status=ToolCall.Status.STARTED,
+        started_at=timezone.now(),
+    )
+
+
+def _ledger_event(thread: Thread, key: str) -> dict:
+    return {
+        "tenant": thread.tenant,
+        "kind": events.TOOL_CALL_STARTED,
+        "actor": Actor.agent("refund"),
+        "thread_id": thread.thread_id,
+        "action": "refund",
+        "data": {"tool": "refund", "key": key, "attempt": 1},
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("listening", [False, True])
+def test_the_ledgers_insert_of_a_key_taken_writes_nothing(listening):
+    """runs.tools: the ledger row with its tool_call.started, unless its key
+    is there already; with a receiver of ToolCall's post_save, through
+    Model.save (the receiver hears of the new row only), not the statement."""
+    thread, _ = _thread_with_runs(make_tenant(), 0)
+    heard = []
+
+    def listener(sender, instance, created, **kwargs):
+        heard.append((instance.idempotency_key, created))
+
+    if listening:
+        post_save.connect(listener, sender=ToolCall)
+    try:
+        with CaptureQueriesContext(connection) as captured:
+            first = _ledger_row(thread, "k-1")
+            assert tools._insert_new(first, _ledger_event(thread, "k-1"))
+            again = _ledger_row(thread, "k-1")
+            assert not tools._insert_new(again, _ledger_event(thread, "k-1"))
+    finally:
+        post_save.disconnect(listener, sender=ToolCall)
+    assert heard == ([("k-1", True)] if listening else [])
+    assert ToolCall.objects.get(thread=thread, idempotency_key="k-1").pk == first.pk
+    assert first.pk is not None and not first._state.adding
+    started = AuditEvent.objects.filter(
+        thread_id=thread.thread_id, kind="tool_call.started"
+    )
+    assert started.count() == 1
+    inserts = [q["sql"] for q in captured if 'INSERT INTO "runs_toolcall"' in q["sql"]]
+    if listening:
+        assert all(s.startswith('INSERT INTO "runs_toolcall"') for s in inserts)
+    else:  # each one statement with its event
+        assert len(inserts) == 2
+        assert all(s.startswith("WITH w0 AS (INSERT") for s in inserts)
+
+
+def test_a_gates_request_and_its_decision_are_saved_by_model_save_when_someone_listens():
+    """approvals.services: the request opened once per interrupt (a second
+    opening writes nothing) and the decision that settles it, through
+    Model.save where their post_save has receivers, with their events."""
+    from langgraph.types import Interrupt
+
+    from approvals.content import payload_of
+    from approvals.models import ApprovalRequest, Decision
+    from approvals.services import Reviewer, approval_decide, approval_requests_open
+    from tests.approvals.helpers import waiting_request
+    from tests.factories import make_member
+
+    tenant = make_tenant()
+    heard = []
+
+    def listener(sender, instance, created, **kwargs):
+        heard.append((sender.__name__, created))
+
+    for model in (ApprovalRequest, Decision):
+        post_save.connect(listener, sender=model)
+    try:
+        request = waiting_request(tenant)
+        again = approval_requests_open(
+            run=request.run,
+            interrupts=[Interrupt(value=payload_of(request), id=request.interrupt_id)],
+        )
+        assert again == []  # still waiting: nothing written
+        reviewer = make_member(tenant, role="reviewer", username="rita").user
+        settled, resumed = approval_decide(
+            approval=request, reviewer=Reviewer.for_user(reviewer), approved=True
+        )
+    finally:
+        for model in (ApprovalRequest, Decision):
+            post_save.disconnect(listener, sender=model)
+    assert ("ApprovalRequest", True) in heard and ("Decision", True) in heard
+    assert heard.count(("ApprovalRequest", True)) == 1
+    assert ApprovalRequest.objects.filter(thread=request.thread).count() == 1
+    assert settled.status == "approved" and settled.decisions.count() == 1
+    assert resumed.status == Run.Status.QUEUED
+    kinds = list(
+        AuditEvent.objects.filter(thread_id=request.thread.thread_id)
+        .order_by("seq")
+        .values_list("kind", flat=True)
+    )
+    assert kinds.count("approval.requested") == 1
+    assert kinds[-2:] == ["approval.decided", "run.queued"]
