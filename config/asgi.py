@@ -2,13 +2,18 @@
 application (config/gunicorn_conf.py), so streaming endpoints can be async views.
 """
 
+import asyncio
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import django
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import FileResponse
+from django.urls import set_script_prefix
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Requests run their sync code on one thread per concurrent request, kept for
@@ -58,8 +63,10 @@ class OneHopASGIHandler(ASGIHandler):
     chain switches between the event loop and the request's thread at each
     change of kind (a sync middleware, an async one, the sync view), and each
     MiddlewareMixin's hooks hop on their own: a dozen hand-offs per request,
-    most of the web process's CPU outside the views (bench/web_cpu.py). Here
-    the request reaches the chain through one `sync_to_async`, on the same
+    most of the web process's CPU outside the views (bench/web_cpu.py); and
+    Django's handler takes two more, for `request_started` and for the
+    response's `close()`. Here a request's sync work is one `sync_to_async`
+    (`respond`: the signals and the chain, for a non-streamed answer), on the same
     per-request thread Django would use (thread-sensitive, in the request's
     ThreadSensitiveContext), so database connections and thread-locals behave
     as before. What a view returns to stream (an async iterator) is still
@@ -99,8 +106,82 @@ class OneHopASGIHandler(ASGIHandler):
                 # itself): the thread ends once it is done.
                 thread.shutdown(wait=False)
 
-    async def get_response_async(self, request):
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+    def respond(self, request):
+        """The request's sync work, on its thread in one hop: Django's
+        `request_started`, the middleware chain and the view, and, for an
+        answer whose body is already bytes (not streamed), its `close()` with
+        `request_finished` (the connection back to the pool). Django's
+        handler takes a hop for each of the three (bench/web_cpu.py)."""
+        signals.request_started.send(sender=self.__class__, scope=request.scope)
+        response = self.get_response(request)
+        response._handler_class = self.__class__
+        if isinstance(response, FileResponse):
+            response.block_size = self.chunk_size  # as Django's handler does
+        if not response.streaming:
+            response.close()
+        return response
+
+    async def handle(self, scope, receive, send):
+        """Django's ASGIHandler.handle (5.2) with `respond` as its one hop.
+
+        A streamed body is iterated in the event loop by `send_response` and
+        closed after it, as in Django. A non-streamed one was closed by
+        `respond` before it is sent, so `request_finished` comes a send
+        earlier than in Django: nothing of the response is read after it but
+        its bytes, headers and status."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            await signals.request_started.asend(sender=self.__class__, scope=scope)
+            body_file.close()
+            await self.send_response(error_response, send)
+            await sync_to_async(error_response.close)()
+            return
+
+        async def process_request(request, send):
+            response = await sync_to_async(self.respond, thread_sensitive=True)(request)
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:
+                pass  # the client disconnected during the send
+            return response
+
+        # Django's watch for a disconnect while the response is made.
+        tasks = [
+            asyncio.create_task(self.listen_for_disconnect(receive)),
+            asyncio.create_task(process_request(request, send)),
+        ]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done():
+                try:
+                    task.result()
+                except RequestAborted:
+                    pass
+                except AssertionError:
+                    body_file.close()
+                    raise
+            else:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        try:
+            response = tasks[1].result()
+        except asyncio.CancelledError:
+            # asgiref let `respond` run to its end: a non-streamed answer was
+            # closed there, and a second `request_finished` finds nothing
+            # left to close.
+            await signals.request_finished.asend(sender=self.__class__)
+        else:
+            if not response.closed:
+                await sync_to_async(response.close)()
+        body_file.close()
 
 
 django.setup(set_prefix=False)

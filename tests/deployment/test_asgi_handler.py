@@ -12,6 +12,7 @@ import time
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.handlers.exception import convert_exception_to_response
+from django.core.signals import request_finished, request_started
 from django.db import connection, transaction
 
 from config.asgi import OneHopASGIHandler, RequestThread
@@ -118,6 +119,40 @@ def test_the_middleware_chain_and_the_view_run_on_one_thread_per_request():
     assert len(app._idle_threads) == 1
 
 
+def test_a_non_streamed_answer_is_one_hand_off_to_the_request_thread(monkeypatch):
+    """request_started, the chain and the response's close (request_finished,
+    the connection back to the pool) in one call on the request's thread:
+    Django's handler makes three."""
+    submitted = []
+    original = RequestThread.submit
+
+    def counting(self, fn, /, *args, **kwargs):
+        submitted.append(fn)
+        return original(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(RequestThread, "submit", counting)
+    app = Recording()
+    _, secret = make_api_key(make_tenant())
+    signals = []
+
+    def note(sender, **kwargs):
+        signals.append((kwargs["signal"], threading.get_ident()))
+
+    request_started.connect(note)
+    request_finished.connect(note)
+    try:
+        status, _ = async_to_sync(call)(
+            app, "/api/v1/agents", {"Authorization": f"Bearer {secret}"}
+        )
+    finally:
+        request_started.disconnect(note)
+        request_finished.disconnect(note)
+    assert status == 200
+    assert len(submitted) == 1
+    assert [signal for signal, _ in signals] == [request_started, request_finished]
+    assert {thread for _, thread in signals} == set(app.threads)
+
+
 def test_a_request_whose_client_left_finishes_before_its_thread_serves_another():
     """asgiref waits for a cancelled call's sync code to return; the thread
     is only then handed to the next request."""
@@ -206,7 +241,9 @@ def test_a_kept_thread_holds_no_connection_or_transaction_of_its_last_request():
         )
         failed = await call(failing, "/healthz")
         gone = await call(
-            left, "/api/v1/agents", {"Authorization": f"Bearer {secret}"},
+            left,
+            "/api/v1/agents",
+            {"Authorization": f"Bearer {secret}"},
             leave_after=0.05,
         )
         return answered[0], failed[0], gone[0]
