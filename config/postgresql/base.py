@@ -16,6 +16,7 @@ round trip when it can (`close_if_health_check_failed`).
 from __future__ import annotations
 
 import select
+import time
 
 import psycopg
 from django.db.backends.postgresql import base, features, operations
@@ -27,6 +28,14 @@ from runs.outages import mark_connection_kept
 
 # Postgres' wire protocol counts a statement's parameters in 16 bits.
 MAX_QUERY_PARAMS = 65535
+
+# Seconds since its last use after which a quiet connection is still checked
+# with Django's `SELECT 1`. A TCP connection dropped in silence (a NAT or load
+# balancer forgetting an idle flow, a failover that fences the old primary's
+# network) leaves nothing to read, and the longer a connection sat idle the
+# likelier it is to be such a victim; a hot one, used moments ago, saves the
+# round trip.
+QUIET_MAX_IDLE = 5.0
 
 
 class DatabaseFeatures(features.DatabaseFeatures):
@@ -62,26 +71,39 @@ class DatabaseWrapper(base.DatabaseWrapper):
     features_class = DatabaseFeatures
     ops_class = DatabaseOperations
 
+    # When the connection was last used (time.monotonic()): when it last
+    # gave a cursor, as Django takes one for each query; a commit or a long
+    # query after it only makes the connection look idler than it is, and
+    # then checked. Set after the health check of the query it is for.
+    # Never used: idle for ever.
+    last_used = float("-inf")
+
+    def create_cursor(self, name=None):
+        self.last_used = time.monotonic()
+        return super().create_cursor(name)
+
     @cached_property
     def wrap_database_errors(self):
         return _ErrorWrapper(self)
 
     def close_if_health_check_failed(self):
         """CONN_HEALTH_CHECKS without a round trip for a connection that is
-        quiet: idle, held good by psycopg, and with nothing to read on its
-        socket. A session the server ended (a restart, a failover's fencing,
-        pg_terminate_backend, an idle timeout) has told the socket so (its
-        FATAL message, the close): that, anything else unread, or a session
-        psycopg saw break goes through Django's `SELECT 1` as before. What
-        neither sees (a peer gone without a word) fails the first statement,
-        as it would fail a `SELECT 1`. Saves a round trip on each reused
-        connection's first query: every task a worker runs, the claim's
+        quiet: used in the last QUIET_MAX_IDLE seconds, idle, held good by
+        psycopg, and with nothing to read on its socket. A session the server
+        ended (a restart, a failover's fencing, pg_terminate_backend, an idle
+        timeout) has told the socket so (its FATAL message, the close): that,
+        anything else unread, a session psycopg saw break, or one idle longer
+        goes through Django's `SELECT 1` as before. What neither sees (a peer
+        gone without a word within those seconds) fails the first statement,
+        as it would fail a `SELECT 1`. Saves a round trip on each hot reused
+        connection's first query: every task a busy worker runs, the claim's
         first (runs.execution)."""
         if (
             self.connection is not None
             and self.health_check_enabled
             and not self.health_check_done
             and not self.pool
+            and time.monotonic() - self.last_used < QUIET_MAX_IDLE
             and _quiet(self.connection)
         ):
             self.health_check_done = True

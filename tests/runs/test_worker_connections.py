@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import select
 import threading
+import time
 
 import psycopg
 import pytest
@@ -18,6 +19,7 @@ from django.db import connection, connections
 from django.test import override_settings
 from langchain_core.runnables.config import ContextThreadPoolExecutor
 
+from config.postgresql import base as postgresql_base
 from runs import thread_connections
 from runs.models import Run
 from tests.factories import tenant_with_client
@@ -191,6 +193,19 @@ def test_a_quiet_reused_connection_is_health_checked_without_a_round_trip():
         assert kept
         # The server saw no `SELECT 1` after the connection's last use.
         assert _last_statement(observer, pid) == "SELECT 'used before the check'"
+
+
+def test_a_quiet_connection_idle_past_its_bound_is_checked_by_a_statement(
+    monkeypatch,
+):
+    """A peer gone without a word (a NAT dropping an idle flow) leaves nothing
+    to read: a connection idle longer than QUIET_MAX_IDLE gets Django's
+    `SELECT 1` all the same (the bound shortened from 5 s, for the test)."""
+    monkeypatch.setattr(postgresql_base, "QUIET_MAX_IDLE", 0.2)
+    with _observer() as observer:
+        pid, kept = _health_checked(observer, before=lambda pid: time.sleep(0.3))
+        assert kept  # the session is good
+        assert _last_statement(observer, pid) == "SELECT 1"
 
 
 def test_a_reused_connection_with_something_to_read_is_checked_by_a_statement():
