@@ -765,23 +765,24 @@ Reading these figures:
 - The chat thread: with a `DeltaChannel` a step stores its one message once
   (in the node's pending-write row, with the conditional edge's branch: a
   task's writes are one row), and a snapshot of the whole list every 100
-  updates (compressed at zstd's level 15: about 32 KB of ciphertext a thread
-  here); the checkpoint row holds its ids and one ciphertext of the
-  checkpoint with its metadata, compressed with a dictionary of LangGraph's
-  format (about 165 bytes). Ids are UUIDs in 16 bytes and each row's
-  identity is its primary key, so a step is about 266 bytes of checkpoint
-  row and 60 of key, and 420 of pending-write row (337 of them ciphertext)
-  and 80 of key: with the snapshots (about 28 KB a thread) and free space
-  at page ends about 1 KB a step (PostgresSaver's rows take about 2.7
-  KB). The figure is what the threads add to a store that already holds
-  one: what a table pays once (its free-space map, 24 KB once it has one;
-  the first pages of its heap and indexes; a part-filled page for each
-  connection that inserts, and LangGraph writes from several executor
-  threads) is not a thread's, and spread over the threads measured it made
-  the figure depend on their number (0.252 MB a thread over 5, 0.224 over
-  15, against 0.211 MB). What is left beyond the ciphertexts is two rows'
-  headers, ids and key entries, so the next cut is fewer rows (a step's
-  writes kept with the checkpoint that follows them).
+  updates (compressed at zstd's level 15: about 27 KB of ciphertext a
+  thread here); the checkpoint row holds its ids and one ciphertext of
+  the checkpoint with its metadata, compressed with a dictionary of
+  LangGraph's format, its `ts` stored from its id's time (about 144 bytes).
+  Ids are UUIDs in 16 bytes and each row's identity is its primary key, so
+  a step is about 246 bytes of checkpoint row and 43 of key, and 416 of
+  pending-write row (333 of them ciphertext) and 60 of key (keys filled to
+  their pages' ends): with the snapshots and free space at page ends about
+  1 KB a step (PostgresSaver's rows take about 2.7 KB). The figure is what
+  the threads add to a store that already holds one: what a table pays
+  once (its free-space map, 24 KB once it has one; the first pages of its
+  heap and indexes; a part-filled page for each connection that inserts,
+  and LangGraph writes from several executor threads) is not a thread's,
+  and spread over the threads measured it made the figure depend on their
+  number (0.252 MB a thread over 5, 0.224 over 15, against 0.211 MB). What
+  is left beyond the ciphertexts is two rows' headers, ids and key
+  entries, so the next cut is fewer rows (a step's writes kept with the
+  checkpoint that follows them).
 """
 
 

@@ -76,6 +76,7 @@ from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from runs import crypto, outages, storage, thread_connections
+from runs.checkpoint_ts import read_ts, stored_ts
 from runs.crypto import ThreadCipher, ThreadDeleted
 from runs.models import ChannelBlob, Checkpoint, PendingWrite, Tenant, Thread
 from runs.models.checkpoints import compact_id, id_text
@@ -650,6 +651,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         }
         body["channel_values"] = inline
         body["blob_channels"] = sorted(blob_values)
+        if "ts" in body:
+            body["ts"] = stored_ts(body["ts"], checkpoint_id)
         stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
         step = stored_metadata.get("step")
         source = stored_metadata.get("source")
@@ -1403,15 +1406,20 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 row=(CHECKPOINT_WITH_METADATA, ns, checkpoint_id),
                 serializer=self.serde,
             )
-            return body, stored_metadata
-        body = cipher.decrypt_value(
-            checkpoint, row=("checkpoint", ns, checkpoint_id), serializer=self.serde
-        )
-        if metadata is None:
-            return body, {}
-        return body, cipher.decrypt_value(
-            metadata, row=("metadata", ns, checkpoint_id), serializer=self.serde
-        )
+        else:
+            body = cipher.decrypt_value(
+                checkpoint, row=("checkpoint", ns, checkpoint_id), serializer=self.serde
+            )
+            stored_metadata = (
+                {}
+                if metadata is None
+                else cipher.decrypt_value(
+                    metadata, row=("metadata", ns, checkpoint_id), serializer=self.serde
+                )
+            )
+        if "ts" in body:
+            body["ts"] = read_ts(body["ts"], checkpoint_id)
+        return body, stored_metadata
 
     def _open_writes(
         self,

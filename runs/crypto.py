@@ -254,6 +254,13 @@ COMPACT_MAX_BYTES = 1 << 18
 # dictionary matches less well at the compact level (chat messages: 64 KB
 # 7% and 128 KB 15% smaller without it at level 15; at level 1 within 1%).
 DICTIONARY_MAX_BYTES = 1 << 15
+# Frames are stored without zstd's magic number (since 2026-12-06), which
+# says nothing a value's encoding byte does not. Frames written before keep
+# it, and read as before: a magicless frame never starts with the magic's
+# first byte, 0x28, since it starts with the frame header descriptor, whose
+# bit 3 is reserved and always 0 (RFC 8878, 3.1.1.1.1).
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_MAGICLESS = zstandard.FORMAT_ZSTD1_MAGICLESS
 _codecs = threading.local()
 # zstd's raw-content dictionary for the values Gatehouse stores: LangGraph's
 # checkpoint and metadata keys, its special channels, the zero-padded channel
@@ -650,22 +657,26 @@ def _compressor(level: int, codec: int) -> zstandard.ZstdCompressor:
     return compressor
 
 
-def _decompressor(codec: int) -> zstandard.ZstdDecompressor:
+def _decompressor(codec: int, *, magic: bool) -> zstandard.ZstdDecompressor:
     decompressors = getattr(_codecs, "decompressors", None)
     if decompressors is None:
         decompressors = _codecs.decompressors = {
-            _ZSTD: zstandard.ZstdDecompressor(),
-            _ZSTD_DICT: zstandard.ZstdDecompressor(dict_data=_format_dictionary()),
+            (codec, magic): zstandard.ZstdDecompressor(
+                dict_data=_format_dictionary() if codec == _ZSTD_DICT else None,
+                format=zstandard.FORMAT_ZSTD1 if magic else _MAGICLESS,
+            )
+            for codec in (_ZSTD, _ZSTD_DICT)
+            for magic in (True, False)
         }
-    return decompressors[codec]
+    return decompressors[(codec, magic)]
 
 
 def encode_value(
     value: Any, serializer: StrictSerializer | None = None, *, compact: bool = False
 ) -> bytes:
     """The plaintext of a value: the encoding byte (serde type code, and a flag
-    for zstd compression), then the bytes. `compact`: a value written rarely
-    and kept long, compressed harder (up to COMPACT_MAX_BYTES)."""
+    for its codec), then the bytes. `compact`: a value written rarely and
+    kept long, compressed harder (up to COMPACT_MAX_BYTES)."""
     encoded = (serializer or default_serializer()).dumps(value)
     if len(encoded) <= COMPRESS_MIN_BYTES:
         return encoded
@@ -676,7 +687,9 @@ def encode_value(
     else:
         level = _ZSTD_LEVEL
     codec = _ZSTD_DICT if len(encoded) <= DICTIONARY_MAX_BYTES else _ZSTD
-    packed = _compressor(level, codec).compress(memoryview(encoded)[1:])
+    frame = _compressor(level, codec).compress(memoryview(encoded)[1:])
+    # Stored without zstd's magic number: 4 bytes a value (two a chat step).
+    packed = memoryview(frame)[len(_ZSTD_MAGIC) :]
     if len(packed) + 1 >= len(encoded):
         return encoded
     return bytes((encoded[0] | codec,)) + packed
@@ -687,7 +700,9 @@ def decode_value(plaintext: bytes, serializer: StrictSerializer | None = None) -
     if codec:
         if codec == _CODEC_BITS:
             raise CryptoError(f"unknown encoding byte 0x{plaintext[0]:02x}")
-        body = _decompressor(codec).decompress(memoryview(plaintext)[1:])
+        frame = memoryview(plaintext)[1:]
+        magic = frame[: len(_ZSTD_MAGIC)] == _ZSTD_MAGIC
+        body = _decompressor(codec, magic=magic).decompress(frame)
         plaintext = bytes((plaintext[0] & ~_CODEC_BITS,)) + body
     return (serializer or default_serializer()).loads(plaintext)
 

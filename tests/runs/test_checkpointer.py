@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from datetime import datetime, timedelta
 from typing import Annotated, TypedDict
 
 import pytest
@@ -16,6 +17,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
@@ -585,6 +587,44 @@ def test_checkpoints_with_their_metadata_apart_still_read():
     Checkpoint.objects.filter(thread=thread).update(metadata=b"")
     with pytest.raises(TamperedCiphertext):
         saver.get_tuple(stored)
+
+
+@pytest.mark.django_db
+def test_a_checkpoints_ts_is_stored_from_its_ids_time_and_reads_back():
+    """LangGraph's stamp, taken just before its UUIDv6 id, is stored as the
+    microseconds between them (runs.checkpoint_ts); any other is kept as is,
+    and rows holding the text (written before) read as before."""
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"text": "hello"})
+    checkpoint_id = stored["configurable"]["checkpoint_id"]
+    ts = saver.get_tuple(stored).checkpoint["ts"]
+    assert datetime.fromisoformat(ts).utcoffset() == timedelta(0)
+    cipher = stored_cipher(Thread.objects.get().pk)
+    row = ("checkpoint+metadata", "", checkpoint_id)
+    body, metadata = cipher.decrypt_value(
+        Checkpoint.objects.get().checkpoint, row=row, serializer=saver.serde
+    )
+    assert type(body["ts"]) is int and abs(body["ts"]) < 1_000_000
+
+    # Written before: the text itself.
+    Checkpoint.objects.update(
+        checkpoint=cipher.encrypt_value(
+            [{**body, "ts": "2026-01-02T03:04:05Z"}, metadata],
+            row=row,
+            serializer=saver.serde,
+        )
+    )
+    assert saver.get_tuple(stored).checkpoint["ts"] == "2026-01-02T03:04:05Z"
+    # Stamps the form cannot give back exactly, and ids that are not UUIDv6.
+    for stamp, checkpoint_id in (
+        ("2026-01-02T03:04:05Z", str(uuid6())),
+        ("2026-01-02T03:04:05.000001+01:00", str(uuid6())),
+        ("2026-01-02T03:04:05.000001+00:00", str(uuid.uuid4())),
+        ("2026-01-02T03:04:05.000001+00:00", "not-a-uuid"),
+    ):
+        checkpoint = {**empty_checkpoint(), "ts": stamp, "id": checkpoint_id}
+        config = saver.put(thread_config("b"), checkpoint, {"step": 1}, {})
+        assert saver.get_tuple(config).checkpoint["ts"] == stamp
 
 
 @pytest.mark.django_db

@@ -140,6 +140,18 @@ def test_large_values_compress_without_the_dictionary():
         assert cipher.decrypt_value(sealed, row=ROW) == value
 
 
+def test_frames_are_stored_without_the_zstd_magic():
+    """4 bytes a value less; frames written with it (before 2026-12-06) read
+    as before, told apart by their first byte."""
+    for value, codec in ((_chat(2), 0x80), (_chat(200), 0x40)):
+        encoded = crypto.encode_value(value)
+        assert encoded[0] & 0xC0 == codec
+        assert encoded[1:5] != b"\x28\xb5\x2f\xfd"
+        assert crypto.decode_value(encoded) == value
+        with_magic = bytes((encoded[0],)) + b"\x28\xb5\x2f\xfd" + encoded[1:]
+        assert crypto.decode_value(with_magic) == value
+
+
 def test_the_format_dictionary_never_changes():
     """Stored values need its exact bytes: a new dictionary is a new codec flag."""
     assert hashlib.sha256(crypto.FORMAT_DICTIONARY).hexdigest() == (
