@@ -765,16 +765,15 @@ Reading these figures:
 - The chat thread: with a `DeltaChannel` a step stores its one message once
   (in the node's pending-write row, with the conditional edge's branch: a
   task's writes are one row), and a snapshot of the whole list every 100
-  updates (compressed with bz2: about 19 KB of ciphertext a thread here;
-  the benchmark's vocabulary compresses 30% better than at zstd's level
-  15, prose 5-7%); the checkpoint row holds its ids and one ciphertext of
+  updates (compressed at zstd's level 15: about 27 KB of ciphertext a
+  thread here); the checkpoint row holds its ids and one ciphertext of
   the checkpoint with its metadata, compressed with a dictionary of
   LangGraph's format, its `ts` stored from its id's time (about 144 bytes).
   Ids are UUIDs in 16 bytes and each row's identity is its primary key, so
   a step is about 246 bytes of checkpoint row and 43 of key, and 416 of
   pending-write row (333 of them ciphertext) and 60 of key (keys filled to
   their pages' ends): with the snapshots and free space at page ends about
-  0.95 KB a step (PostgresSaver's rows take about 2.7 KB). The figure is what
+  1 KB a step (PostgresSaver's rows take about 2.7 KB). The figure is what
   the threads add to a store that already holds one: what a table pays
   once (its free-space map, 24 KB once it has one; the first pages of its
   heap and indexes; a part-filled page for each connection that inserts,

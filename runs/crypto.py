@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import bz2
 import hashlib
 import hmac
 import os
@@ -231,13 +230,11 @@ _WRAP_AAD_PREFIX = "gatehouse-data-key"
 # not compress, so the database's own compression no longer helps.
 COMPRESS_MIN_BYTES = 256
 # Flags in the encoding byte, above the serde type code: zstd alone (values
-# over DICTIONARY_MAX_BYTES, and all values written before the dictionary),
-# zstd with FORMAT_DICTIONARY, or bz2 (a large value kept long, below). At
-# most one is set; any other combination is refused.
+# over DICTIONARY_MAX_BYTES, and all values written before the dictionary), or
+# zstd with FORMAT_DICTIONARY. Both set: refused.
 _ZSTD = 0x40
 _ZSTD_DICT = 0x80
-_BZ2 = 0x20
-_CODEC_BITS = _ZSTD_DICT | _ZSTD | _BZ2
+_CODEC_BITS = _ZSTD_DICT | _ZSTD
 _ZSTD_LEVEL = 1
 # Values of a few KB at most (a checkpoint, a step's writes: two a step) take
 # a level that finds more in them for a few microseconds more: a chat step's
@@ -246,10 +243,10 @@ _ZSTD_LEVEL = 1
 _ZSTD_SMALL_LEVEL = 5
 SMALL_MAX_BYTES = 1 << 12
 # Values written rarely and kept long (a DeltaChannel's snapshot: the whole
-# message list, once per cadence) compress harder: up to DICTIONARY_MAX_BYTES
-# at this level, above it with bz2 (below). Larger than COMPACT_MAX_BYTES
-# they take the usual level, so that a long thread's snapshot does not hold
-# its step up. zstd reads every level alike.
+# message list, once per cadence) compress harder: chat messages 15% smaller
+# than at level 1 at 125 KB (25 ms of CPU on the benchmark machine), 29% at
+# 250 KB (38 ms). Larger ones take the usual level, so that a long thread's
+# snapshot does not hold its step up. zstd reads every level alike.
 _ZSTD_COMPACT_LEVEL = 15
 COMPACT_MAX_BYTES = 1 << 18
 # Values larger than this compress without FORMAT_DICTIONARY (flag 0x40): a
@@ -257,17 +254,6 @@ COMPACT_MAX_BYTES = 1 << 18
 # dictionary matches less well at the compact level (chat messages: 64 KB
 # 7% and 128 KB 15% smaller without it at level 15; at level 1 within 1%).
 DICTIONARY_MAX_BYTES = 1 << 15
-# Values kept long and larger than that (a DeltaChannel's snapshot of a few
-# dozen messages or more), up to COMPACT_MAX_BYTES, take bz2 at level 9
-# (Python's standard library) instead of zstd at the compact level: text
-# compresses better by its block sorting, and twice as fast. Chat messages
-# of the benchmark's vocabulary 30% smaller (100 messages: 9,068 -> 6,226
-# bytes, 3.8 ms of CPU against 6.4), prose (slices of these docs) 5-7%
-# smaller. The price is the read: 1.4 ms of CPU per 50 KB to decompress
-# against 0.07 ms, paid where the snapshot is read (a DeltaChannel's
-# history, once per run and state read: 3.2 -> 5.2 ms of CPU at the head of
-# a 200-message chat thread).
-_BZ2_LEVEL = 9
 # Frames are stored without zstd's magic number (since 2026-12-06), which
 # says nothing a value's encoding byte does not. Frames written before keep
 # it, and read as before: a magicless frame never starts with the magic's
@@ -694,11 +680,6 @@ def encode_value(
     encoded = (serializer or default_serializer()).dumps(value)
     if len(encoded) <= COMPRESS_MIN_BYTES:
         return encoded
-    if compact and DICTIONARY_MAX_BYTES < len(encoded) <= COMPACT_MAX_BYTES:
-        packed = bz2.compress(memoryview(encoded)[1:], _BZ2_LEVEL)
-        if len(packed) + 1 >= len(encoded):
-            return encoded
-        return bytes((encoded[0] | _BZ2,)) + packed
     if compact and len(encoded) <= COMPACT_MAX_BYTES:
         level = _ZSTD_COMPACT_LEVEL
     elif len(encoded) <= SMALL_MAX_BYTES:
@@ -716,11 +697,8 @@ def encode_value(
 
 def decode_value(plaintext: bytes, serializer: StrictSerializer | None = None) -> Any:
     codec = plaintext[0] & _CODEC_BITS if plaintext else 0
-    if codec == _BZ2:
-        body = bz2.decompress(memoryview(plaintext)[1:])
-        plaintext = bytes((plaintext[0] & ~_CODEC_BITS,)) + body
-    elif codec:
-        if codec not in (_ZSTD, _ZSTD_DICT):
+    if codec:
+        if codec == _CODEC_BITS:
             raise CryptoError(f"unknown encoding byte 0x{plaintext[0]:02x}")
         frame = memoryview(plaintext)[1:]
         magic = frame[: len(_ZSTD_MAGIC)] == _ZSTD_MAGIC
