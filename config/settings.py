@@ -124,7 +124,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # A view failing because the database or broker is down answers 503.
     "runs.api.errors.OutageMiddleware",
-    "csp.middleware.CSPMiddleware",
+    # django-csp's, with the policy built once (config/csp.py).
+    "config.csp.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "runs.api.middleware.ApiBodySizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
