@@ -115,8 +115,24 @@ def agent_protocol_flow(client, meter: Meter, way: str) -> None:
     assert output == {"answer": "order A-1"}, output
 
 
+# How the REST flow waits for a run to stop (--rest-waiter): the Agent
+# Protocol's join, then a status GET; or the run's long poll (GET ?wait=),
+# as bench/peers.py's Gatehouse client does by default.
+REST_WAITER = "join"
+
+
 def joined(rest, meter: Meter, thread_id: str, run_id: str, wanted: str) -> None:
-    """Wait for the run's end (join), then read how it stopped (status GET)."""
+    """Wait for the run's end (join), then read how it stopped (status GET);
+    or, with the `wait` waiter, both in one long poll."""
+    if REST_WAITER == "wait":
+        run = meter.call(
+            "rest: wait GET",
+            rest.request,
+            "GET",
+            f"/api/v1/threads/{thread_id}/runs/{run_id}?wait=30",
+        )
+        assert run["status"] == wanted, run
+        return
     meter.call(
         "rest: join",
         rest.request,
@@ -248,7 +264,16 @@ def main() -> None:
     )
     parser.add_argument("--profile", type=Path, help="py-spy of the first app")
     parser.add_argument("--only", choices=["ap", "rest"])
+    parser.add_argument(
+        "--rest-waiter",
+        choices=["join", "wait"],
+        default="join",
+        help="how the REST flow waits for a run: the Agent Protocol's join and "
+        "a status GET, or the run's long poll (GET ?wait=)",
+    )
     args = parser.parse_args()
+    global REST_WAITER
+    REST_WAITER = args.rest_waiter
     apps = args.app or ["config.asgi:application"]
     import logging
 
