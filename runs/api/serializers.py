@@ -42,21 +42,22 @@ class ThreadCreateSerializer(serializers.Serializer):
     metadata = serializers.DictField(required=False, default=dict)
 
 
-# One instance of each answer's serializer per process (`represent`).
-_SHARED: dict[tuple[type, bool], serializers.BaseSerializer] = {}
+# One instance of each answer's serializer per process and context (`represent`).
+_SHARED: dict[tuple, serializers.BaseSerializer] = {}
 
 
-def represent(serializer_class, instance, *, many: bool = False):
-    """`serializer_class(instance, many=many).data`, by one instance of the
-    serializer per process. Instantiating one builds its fields anew (deep
-    copies; a ModelSerializer also reads its model's): ~10 % of a decision's
-    web CPU. to_representation keeps nothing on the instance, so requests
-    share it: only for serializers that need no context (none is given)."""
-    shared = _SHARED.get((serializer_class, many))
+def represent(serializer_class, instance, *, many: bool = False, **context):
+    """`serializer_class(instance, many=many, context=context).data`, by one
+    instance of the serializer per process and context. Instantiating one
+    builds its fields anew (deep copies; a ModelSerializer also reads its
+    model's): ~10 % of a decision's web CPU, ~140 us for a run's. to_representation
+    keeps nothing on the instance, so requests share it: only for serializers
+    whose context is a few plain values (`context`: one instance for each
+    combination, so a bool or a small set of choices), never a request."""
+    key = (serializer_class, many, *sorted(context.items()))
+    shared = _SHARED.get(key)
     if shared is None:
-        shared = _SHARED.setdefault(
-            (serializer_class, many), serializer_class(many=many)
-        )
+        shared = _SHARED.setdefault(key, serializer_class(many=many, context=context))
     return shared.to_representation(instance)
 
 

@@ -242,7 +242,7 @@ def run_body(request, run: Run, *, reveal: bool) -> dict:
         services.run_errors_read(
             thread=run.thread, runs=[run], actor=actor_for(request)
         )
-    return RunSerializer(run, context={"reveal_errors": reveal}).data
+    return represent(RunSerializer, run, reveal_errors=reveal)
 
 
 def _run_body_now(request, run: Run, reveal: bool) -> bytes:
