@@ -26,7 +26,7 @@ from typing import Any
 from celery import current_app
 from django.db import connection, transaction
 
-from runs import outages, selectors
+from runs import outages, selectors, wakeups
 from runs.models import Run, Thread
 
 EXECUTE_RUN = "runs.execute_run"
@@ -57,7 +57,9 @@ def _send(name: str, args: tuple, options: dict) -> None:
 
 
 def run_dispatch(run_id) -> None:
-    task_send_on_commit(EXECUTE_RUN, str(run_id))
+    # Sent ahead of the commit's other callbacks (runs.wakeups): a worker is
+    # waiting for it, nobody for the announcements of its audit events.
+    wakeups.on_commit(partial(_send, EXECUTE_RUN, (str(run_id),), {}))
 
 
 def thread_dispatch_next(thread: Thread) -> None:

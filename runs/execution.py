@@ -40,6 +40,7 @@ from runs import (
     selectors,
     streaming,
     thread_connections,
+    wakeups,
 )
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
@@ -665,7 +666,8 @@ def _record_end(
         if run.next_queued is not None:
             dispatch.run_dispatch(run.next_queued)
         end = _end_event(run, outcome, error)
-        transaction.on_commit(lambda: publisher.publish(streaming.END, end))
+        # Its waiting clients first, the webhooks' look-ups after (runs.wakeups).
+        wakeups.on_commit(lambda: publisher.publish(streaming.END, end))
 
 
 def execute(run_id: str) -> None:

@@ -10,7 +10,8 @@ that fit. A filter on an unbounded `__in` list is still one statement: pass
 one array parameter (`= ANY(%s)`) or a subquery instead (runs.storage).
 
 It also checks a reused connection's health (CONN_HEALTH_CHECKS) without a
-round trip when it can (`close_if_health_check_failed`).
+round trip when it can (`close_if_health_check_failed`), and runs a commit's
+wake-ups before its other on-commit callbacks (runs.wakeups).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from django.db.utils import DatabaseErrorWrapper
 from django.utils.functional import cached_property
 from psycopg.pq import TransactionStatus
 
+from runs import wakeups
 from runs.outages import mark_connection_kept
 
 # Postgres' wire protocol counts a statement's parameters in 16 bits.
@@ -85,6 +87,12 @@ class DatabaseWrapper(base.DatabaseWrapper):
     @cached_property
     def wrap_database_errors(self):
         return _ErrorWrapper(self)
+
+    def run_and_clear_commit_hooks(self):
+        """A commit's wake-ups (a run's task, a run's end) before its other
+        callbacks, the announcements of its audit events (runs.wakeups)."""
+        wakeups.woken_first(self.run_on_commit)
+        super().run_and_clear_commit_hooks()
 
     def close_if_health_check_failed(self):
         """CONN_HEALTH_CHECKS without a round trip for a connection that is

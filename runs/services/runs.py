@@ -19,7 +19,16 @@ from django.utils import timezone
 from audit import events
 from audit.redaction import digest
 from audit.services import Actor, record
-from runs import dispatch, gates, patches, registry, sagas, selectors, streaming
+from runs import (
+    dispatch,
+    gates,
+    patches,
+    registry,
+    sagas,
+    selectors,
+    streaming,
+    wakeups,
+)
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
 from runs.fixed_queries import FixedQuery
@@ -485,7 +494,8 @@ def record_cancelled(
         attempt=run.attempts + 1,
         cipher=ThreadCipher.for_thread(thread),
     )
-    transaction.on_commit(lambda: publisher.publish(streaming.END, end))
+    # Its waiting clients first, the webhooks' look-ups after (runs.wakeups).
+    wakeups.on_commit(lambda: publisher.publish(streaming.END, end))
 
 
 def _cancel(*, run: Run, thread: Thread, actor: Actor, action: str) -> None:
