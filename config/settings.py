@@ -457,6 +457,17 @@ GATEHOUSE_DEMO_PAYMENT_LATENCY = env.float(
 # How long the demo stand-ins take to undo (release stock, refund a charge,
 # cancel a courier), after the undo is committed: tests kill a worker there.
 GATEHOUSE_DEMO_UNDO_LATENCY = env.float("GATEHOUSE_DEMO_UNDO_LATENCY", default=0.0)
+# The format values are written in. Every release reads every earlier format;
+# "2026-12-01" writes what the releases of 1-5 December 2026 can read (zstd
+# frames with their magic number, a checkpoint's `ts` as text), for a rolling
+# upgrade from them: set it on the upgraded processes until none of the old
+# ones runs, then unset it (docs/operations.md, Upgrading).
+GATEHOUSE_WRITE_FORMATS = ("2026-12-01", "2026-12-06")
+GATEHOUSE_WRITE_FORMAT = env.str("GATEHOUSE_WRITE_FORMAT", default="2026-12-06")
+if GATEHOUSE_WRITE_FORMAT not in GATEHOUSE_WRITE_FORMATS:
+    raise ImproperlyConfigured(
+        f"GATEHOUSE_WRITE_FORMAT must be one of {', '.join(GATEHOUSE_WRITE_FORMATS)}"
+    )
 # How long a run's lease lasts without a heartbeat before another worker may
 # take the run over; workers renew it every third of that.
 GATEHOUSE_RUN_LEASE_SECONDS = env.int("GATEHOUSE_RUN_LEASE_SECONDS", default=30)

@@ -5,16 +5,19 @@ a few microseconds before it draws the checkpoint's id, a UUIDv6 whose first
 60 bits are the time in 100 ns. Stored as text, the stamp took about 21
 bytes of a chat step's compressed checkpoint (133 -> 112 bytes, measured on
 the benchmark's 200-step chat); stored as microseconds from the id's time, a
-small negative int, it takes one or two. The id is in the ciphertext's
-associated data, so the stamp stays as authenticated as it was.
+small int (negative when the stamp comes first, as in a step's checkpoint;
+LangGraph's first, empty checkpoint draws its id first), it takes one or
+two. The id is in the ciphertext's associated data, so the stamp stays as
+authenticated as it was.
 
 Only a stamp this form gives back exactly is stored so: a str in the form
 `isoformat()` writes for UTC, under a UUIDv6 id in its canonical text. Any
 other `ts` is stored as given. The int form is told by its type: LangGraph's
 `ts` is a str (an int given as `ts` is refused at the write rather than read
 back as text). Checkpoints written before (2026-12-06) hold the text, and read
-as before; code before this reads the int as the stamp, so upgrade readers
-first (docs/operations.md, Upgrading).
+as before; code before this reads the int as the stamp: during a rolling upgrade
+from it the form is not written (settings.GATEHOUSE_WRITE_FORMAT;
+docs/operations.md, Upgrading).
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ def _id_time(checkpoint_id: str) -> int | None:
     return (ticks - _UUID_EPOCH_TICKS) // 10
 
 
-def stored_ts(ts: Any, checkpoint_id: str) -> Any:
-    """`ts` as stored in the checkpoint's ciphertext (see the module)."""
+def stored_ts(ts: Any, checkpoint_id: str, *, relative: bool = True) -> Any:
+    """`ts` as stored in the checkpoint's ciphertext (see the module); as
+    given when not `relative` (the earlier format)."""
     if isinstance(ts, int):
         raise TypeError(f"a checkpoint's ts is a str, not {type(ts).__name__}")
-    base = _id_time(checkpoint_id) if isinstance(ts, str) else None
+    base = _id_time(checkpoint_id) if relative and isinstance(ts, str) else None
     if base is None:
         return ts
     try:

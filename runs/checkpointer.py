@@ -77,7 +77,7 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from runs import crypto, outages, storage, thread_connections
 from runs.checkpoint_ts import read_ts, stored_ts
-from runs.crypto import ThreadCipher, ThreadDeleted
+from runs.crypto import ThreadCipher, ThreadDeleted, writes_earlier_format
 from runs.models import ChannelBlob, Checkpoint, PendingWrite, Tenant, Thread
 from runs.models.checkpoints import compact_id, id_text
 from runs.serde import StrictSerializer
@@ -652,7 +652,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         body["channel_values"] = inline
         body["blob_channels"] = sorted(blob_values)
         if "ts" in body:
-            body["ts"] = stored_ts(body["ts"], checkpoint_id)
+            body["ts"] = stored_ts(
+                body["ts"], checkpoint_id, relative=not writes_earlier_format()
+            )
         stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
         step = stored_metadata.get("step")
         source = stored_metadata.get("source")

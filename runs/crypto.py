@@ -671,6 +671,13 @@ def _decompressor(codec: int, *, magic: bool) -> zstandard.ZstdDecompressor:
     return decompressors[(codec, magic)]
 
 
+def writes_earlier_format() -> bool:
+    """Whether values are written as the releases of 1-5 December 2026 read
+    them (zstd frames with their magic number, a checkpoint's `ts` as text):
+    during a rolling upgrade from them (settings.GATEHOUSE_WRITE_FORMAT)."""
+    return settings.GATEHOUSE_WRITE_FORMAT == "2026-12-01"
+
+
 def encode_value(
     value: Any, serializer: StrictSerializer | None = None, *, compact: bool = False
 ) -> bytes:
@@ -689,7 +696,7 @@ def encode_value(
     codec = _ZSTD_DICT if len(encoded) <= DICTIONARY_MAX_BYTES else _ZSTD
     frame = _compressor(level, codec).compress(memoryview(encoded)[1:])
     # Stored without zstd's magic number: 4 bytes a value (two a chat step).
-    packed = memoryview(frame)[len(_ZSTD_MAGIC) :]
+    packed = memoryview(frame)[0 if writes_earlier_format() else len(_ZSTD_MAGIC) :]
     if len(packed) + 1 >= len(encoded):
         return encoded
     return bytes((encoded[0] | codec,)) + packed

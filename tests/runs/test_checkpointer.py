@@ -628,6 +628,24 @@ def test_a_checkpoints_ts_is_stored_from_its_ids_time_and_reads_back():
 
 
 @pytest.mark.django_db
+def test_the_earlier_write_format_stores_a_checkpoints_ts_as_text(settings):
+    """GATEHOUSE_WRITE_FORMAT=2026-12-01 (a rolling upgrade from the releases
+    that read the text only): the stamp is stored as given, and reads back."""
+    settings.GATEHOUSE_WRITE_FORMAT = "2026-12-01"
+    saver = DjangoSaver(tenant=make_tenant())
+    stored = put_checkpoint(saver, "a", {"text": "hello"})
+    checkpoint_id = stored["configurable"]["checkpoint_id"]
+    cipher = stored_cipher(Thread.objects.get().pk)
+    body, _ = cipher.decrypt_value(
+        Checkpoint.objects.get().checkpoint,
+        row=("checkpoint+metadata", "", checkpoint_id),
+        serializer=saver.serde,
+    )
+    assert isinstance(body["ts"], str)
+    assert saver.get_tuple(stored).checkpoint["ts"] == body["ts"]
+
+
+@pytest.mark.django_db
 def test_list_filters_on_encrypted_metadata():
     saver = DjangoSaver(tenant=make_tenant())
     first = put_checkpoint(saver, "a", {}, customer={"tier": "gold", "id": 7})

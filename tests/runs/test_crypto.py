@@ -152,6 +152,19 @@ def test_frames_are_stored_without_the_zstd_magic():
         assert crypto.decode_value(with_magic) == value
 
 
+def test_the_earlier_write_format_keeps_the_zstd_magic(settings):
+    """During a rolling upgrade from a release of 1-5 December 2026
+    (GATEHOUSE_WRITE_FORMAT=2026-12-01) frames keep their magic number, which
+    those releases need: they read a frame as zstd's default format does."""
+    settings.GATEHOUSE_WRITE_FORMAT = "2026-12-01"
+    for value, codec in ((_chat(2), 0x80), (_chat(200), 0x40)):
+        encoded = crypto.encode_value(value)
+        assert encoded[1:5] == b"\x28\xb5\x2f\xfd"
+        body = crypto._decompressor(codec, magic=True).decompress(encoded[1:])
+        assert body == StrictSerializer().dumps(value)[1:]
+        assert crypto.decode_value(encoded) == value
+
+
 def test_the_format_dictionary_never_changes():
     """Stored values need its exact bytes: a new dictionary is a new codec flag."""
     assert hashlib.sha256(crypto.FORMAT_DICTIONARY).hexdigest() == (
