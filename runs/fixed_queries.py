@@ -250,7 +250,8 @@ def save_new(
     in the same transaction. `ignore_conflicts`: as the statement's
     `ON CONFLICT DO NOTHING`, False if a row with the same unique key is
     there already and nothing was written (the insert in a savepoint, rolled
-    back, and no post_save)."""
+    back, and no post_save); any other violation, another table's key broken
+    by a post_save receiver's write, is raised (_key_taken)."""
     if not ignore_conflicts:
         obj.save(force_insert=True, using=using)
         return True
@@ -258,19 +259,48 @@ def save_new(
         with transaction.atomic(using=using):
             obj.save(force_insert=True, using=using)
     except IntegrityError as error:
-        if not _key_taken(error):
+        if not _key_taken(error, type(obj)):
             raise
         return False
     return True
 
 
-def _key_taken(error: IntegrityError) -> bool:
+def _key_taken(error: IntegrityError, model: type[Model]) -> bool:
     """The violation `ON CONFLICT DO NOTHING` would have ignored: a unique
-    key's (a primary key's too) or an exclusion constraint's."""
+    key's (a primary key's too) or an exclusion constraint's, on the model's
+    own table (or a parent's, which its save inserts into too). One raised
+    by another table's write in the same savepoint (a post_save receiver's)
+    is not this row's key being there: the caller re-raises it."""
+    tables = {m._meta.db_table for m in (model, *model._meta.get_parent_list())}
     cause = error.__cause__
-    return getattr(cause, "sqlstate", None) in ("23505", "23P01") or getattr(
-        cause, "sqlite_errorname", None
-    ) in ("SQLITE_CONSTRAINT_UNIQUE", "SQLITE_CONSTRAINT_PRIMARYKEY")
+    if getattr(cause, "sqlstate", None) in ("23505", "23P01"):
+        return cause.diag.table_name in tables
+    if getattr(cause, "sqlite_errorname", None) in (
+        "SQLITE_CONSTRAINT_UNIQUE",
+        "SQLITE_CONSTRAINT_PRIMARYKEY",
+    ):
+        return _sqlite_violation_on(str(cause), model, tables)
+    return False
+
+
+def _sqlite_violation_on(message: str, model: type[Model], tables: set[str]) -> bool:
+    """Whether SQLite's unique violation is on `tables`. SQLite names no
+    table apart from its message: "UNIQUE constraint failed: table.column,
+    table.column" for a key of columns, "UNIQUE constraint failed: index
+    'name'" for one of expressions, whose name is then one of the model's
+    (or its parents') constraints. Anything else is not counted."""
+    _, _, failed = message.partition("constraint failed: ")
+    if failed.startswith("index '") and failed.endswith("'"):
+        names = {
+            constraint.name
+            for m in (model, *model._meta.get_parent_list())
+            for constraint in m._meta.constraints
+        }
+        return failed[len("index '") : -1] in names
+    columns = [column.strip() for column in failed.split(",") if column.strip()]
+    return bool(columns) and all(
+        column.rpartition(".")[0] in tables for column in columns
+    )
 
 
 def _saved_by_model_save(model: type[Model]) -> bool:

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 from django.apps import apps
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
@@ -17,7 +17,7 @@ from audit import events
 from audit.models import AuditEvent
 from audit.services import Actor
 from runs import dispatch, execution, services, tools
-from runs.fixed_queries import FixedQuery, save_fields
+from runs.fixed_queries import FixedQuery, save_fields, save_new
 from runs.models import Run, Tenant, Thread, ToolCall
 from tests.factories import make_tenant
 
@@ -406,6 +406,61 @@ def test_the_ledgers_insert_of_a_key_taken_writes_nothing(listening):
     else:  # each one statement with its event
         assert len(inserts) == 2
         assert all(s.startswith("WITH w0 AS (INSERT") for s in inserts)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+@pytest.mark.parametrize("using", ["default", "sqlite"])
+def test_a_receivers_unique_violation_is_raised_not_read_as_the_key_taken(using):
+    """save_new(ignore_conflicts): only a unique violation on the row's own
+    table means its key is there already. One raised by a post_save
+    receiver's write to another table (here a tenant's slug taken) is the
+    receiver's error: raised, and nothing of the savepoint kept (899795e
+    answered False, as if the ledger's key were there)."""
+    tenants = Tenant.objects.using(using)
+    tenant = tenants.create(slug="taken", name="T")
+    thread = Thread.objects.using(using).create(
+        tenant=tenant, thread_id="t1", agent_name="refund", agent_version="1"
+    )
+
+    def listener(sender, instance, created, **kwargs):
+        tenants.create(slug="taken", name="again")
+
+    post_save.connect(listener, sender=ToolCall)
+    try:
+        with pytest.raises(IntegrityError):
+            save_new(_ledger_row(thread, "k-1"), ignore_conflicts=True, using=using)
+    finally:
+        post_save.disconnect(listener, sender=ToolCall)
+    assert not ToolCall.objects.using(using).filter(idempotency_key="k-1").exists()
+    # The row's own key taken still reads as such, on either database.
+    assert save_new(_ledger_row(thread, "k-2"), ignore_conflicts=True, using=using)
+    assert not save_new(_ledger_row(thread, "k-2"), ignore_conflicts=True, using=using)
+    assert not save_new(
+        tenants.model(slug="taken", name="x"), ignore_conflicts=True, using=using
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_ledgers_insert_raises_a_receivers_unique_violation():
+    """runs.tools: a receiver of ToolCall's post_save whose own write
+    violates another table's key fails the ledger's insert; it is not read
+    as the key taken (which would skip the tool call's record)."""
+    tenant = make_tenant()
+    thread, _ = _thread_with_runs(tenant, 0)
+
+    def listener(sender, instance, created, **kwargs):
+        Tenant.objects.create(slug=tenant.slug, name="dup")
+
+    post_save.connect(listener, sender=ToolCall)
+    try:
+        with pytest.raises(IntegrityError):
+            tools._insert_new(_ledger_row(thread, "k-1"), _ledger_event(thread, "k-1"))
+    finally:
+        post_save.disconnect(listener, sender=ToolCall)
+    assert not ToolCall.objects.filter(idempotency_key="k-1").exists()
+    assert not AuditEvent.objects.filter(
+        thread_id=thread.thread_id, kind="tool_call.started"
+    ).exists()
 
 
 def test_a_gates_request_and_its_decision_are_saved_by_model_save_when_someone_listens():
