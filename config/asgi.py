@@ -111,14 +111,26 @@ class OneHopASGIHandler(ASGIHandler):
         `request_started`, the middleware chain and the view, and, for an
         answer whose body is already bytes (not streamed), its `close()` with
         `request_finished` (the connection back to the pool). Django's
-        handler takes a hop for each of the three (bench/web_cpu.py)."""
-        signals.request_started.send(sender=self.__class__, scope=request.scope)
-        response = self.get_response(request)
-        response._handler_class = self.__class__
-        if isinstance(response, FileResponse):
-            response.block_size = self.chunk_size  # as Django's handler does
-        if not response.streaming:
-            response.close()
+        handler takes a hop for each of the three (bench/web_cpu.py).
+
+        What escapes (a BaseException, a signal receiver's error) ends the
+        request all the same: its thread is kept for the next request, maybe
+        another tenant's, so `request_finished` gives its connection back
+        first (every receiver called, as `send_robust` does), unless the
+        response's close had sent it."""
+        response = None
+        try:
+            signals.request_started.send(sender=self.__class__, scope=request.scope)
+            response = self.get_response(request)
+            response._handler_class = self.__class__
+            if isinstance(response, FileResponse):
+                response.block_size = self.chunk_size  # as Django's handler does
+            if not response.streaming:
+                response.close()
+        except BaseException:
+            if response is None or not response.closed:
+                signals.request_finished.send_robust(sender=self.__class__)
+            raise
         return response
 
     async def handle(self, scope, receive, send):

@@ -14,6 +14,7 @@ from asgiref.sync import async_to_sync
 from django.core.handlers.exception import convert_exception_to_response
 from django.core.signals import request_finished, request_started
 from django.db import connection, transaction
+from django.http import HttpResponse
 
 from config.asgi import OneHopASGIHandler, RequestThread
 from runs.models import Tenant
@@ -251,3 +252,56 @@ def test_a_kept_thread_holds_no_connection_or_transaction_of_its_last_request():
     assert async_to_sync(each)() == (200, 500, None)
     for app in (normal, failing, left):
         assert kept_thread_state(app) == (True, False), app
+
+
+class Answering(OneHopASGIHandler):
+    """A chain that queries, waits `delay` and answers what `make` returns;
+    `closed` notes each close of the response's resources."""
+
+    def __init__(self, make, delay: float = 0.0) -> None:
+        super().__init__()
+        self.make, self.delay = make, delay
+        self.closed: list[bool] = []
+
+    def get_response(self, request):
+        Tenant.objects.exists()
+        time.sleep(self.delay)
+        response = self.make()
+        response._resource_closers.append(lambda: self.closed.append(True))
+        return response
+
+
+class Stop(BaseException):
+    """Escapes Django's conversion of exceptions to responses."""
+
+
+def test_a_kept_thread_holds_no_connection_of_a_request_whose_handling_raised():
+    """An exception escaping the request's sync work (a BaseException, a
+    signal receiver's error) still ends the request on its thread: its
+    connection goes back to the pool before the thread serves another."""
+
+    def make():
+        raise Stop()
+
+    app = Answering(make)
+    with pytest.raises(Stop):
+        async_to_sync(call)(app, "/x")
+    assert kept_thread_state(app) == (True, False)
+
+
+def test_a_request_started_receivers_error_ends_the_request_too():
+    """A receiver that took a connection and failed: the request_finished
+    receivers (Django's close_old_connections) still run."""
+    app = Answering(lambda: HttpResponse(b"x"))
+
+    def failing(sender, **kwargs):
+        Tenant.objects.exists()  # a connection taken, then the receiver fails
+        raise RuntimeError("a receiver failed")
+
+    request_started.connect(failing)
+    try:
+        with pytest.raises(RuntimeError):
+            async_to_sync(call)(app, "/x")
+    finally:
+        request_started.disconnect(failing)
+    assert kept_thread_state(app) == (True, False)
