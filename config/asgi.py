@@ -101,9 +101,9 @@ class OneHopASGIHandler(ASGIHandler):
                 self._idle_threads.append(thread)
             else:
                 # Beyond the threads worth keeping, or still running sync code
-                # it cannot be stopped in (asgiref waits for a cancelled call's
-                # sync code, so only when the server cancels this coroutine
-                # itself): the thread ends once it is done.
+                # it cannot be stopped in (`handle` waits for the `respond` of
+                # a request whose client left, so only when the server cancels
+                # this coroutine itself): the thread ends once it is done.
                 thread.shutdown(wait=False)
 
     def respond(self, request):
@@ -154,8 +154,15 @@ class OneHopASGIHandler(ASGIHandler):
             await sync_to_async(error_response.close)()
             return
 
+        # The hop runs to its end even if the client leaves meanwhile (a
+        # thread cannot be stopped): its own task, awaited shielded, so that
+        # what it made is still at hand to be closed once.
+        hop = asyncio.ensure_future(
+            sync_to_async(self.respond, thread_sensitive=True)(request)
+        )
+
         async def process_request(request, send):
-            response = await sync_to_async(self.respond, thread_sensitive=True)(request)
+            response = await asyncio.shield(hop)
             try:
                 await self.send_response(response, send)
             except asyncio.CancelledError:
@@ -186,13 +193,13 @@ class OneHopASGIHandler(ASGIHandler):
         try:
             response = tasks[1].result()
         except asyncio.CancelledError:
-            # asgiref let `respond` run to its end: a non-streamed answer was
-            # closed there, and a second `request_finished` finds nothing
-            # left to close.
-            await signals.request_finished.asend(sender=self.__class__)
-        else:
-            if not response.closed:
-                await sync_to_async(response.close)()
+            # The client left before the answer: `respond` ended the request
+            # all the same (request_finished once, by the close of a
+            # non-streamed answer or, if it raised, its own; Django's handler
+            # sends one too), and a streamed answer, never sent, is closed.
+            response = await hop
+        if not response.closed:
+            await sync_to_async(response.close)()
         body_file.close()
 
 

@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.core.handlers.exception import convert_exception_to_response
 from django.core.signals import request_finished, request_started
 from django.db import connection, transaction
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 
 from config.asgi import OneHopASGIHandler, RequestThread
 from runs.models import Tenant
@@ -254,6 +254,22 @@ def test_a_kept_thread_holds_no_connection_or_transaction_of_its_last_request():
         assert kept_thread_state(app) == (True, False), app
 
 
+def signalled(fn):
+    """What `fn` returns, and the request signals sent meanwhile, in order."""
+    seen = []
+
+    def note(sender, **kwargs):
+        seen.append(kwargs["signal"])
+
+    request_started.connect(note)
+    request_finished.connect(note)
+    try:
+        return fn(), seen
+    finally:
+        request_started.disconnect(note)
+        request_finished.disconnect(note)
+
+
 class Answering(OneHopASGIHandler):
     """A chain that queries, waits `delay` and answers what `make` returns;
     `closed` notes each close of the response's resources."""
@@ -269,6 +285,30 @@ class Answering(OneHopASGIHandler):
         response = self.make()
         response._resource_closers.append(lambda: self.closed.append(True))
         return response
+
+
+async def three_parts():
+    for _ in range(3):
+        await asyncio.sleep(0.01)
+        yield b"a"
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["bytes", "streamed"])
+def test_a_request_whose_client_left_during_its_view_ends_once(streamed):
+    """As in Django's handler, one request_finished for a request whose
+    client left before its answer (31b1565 sent two for a non-streamed one:
+    its close in `respond`, then the handler's own), and its response closed
+    (a streamed one was dropped unclosed)."""
+
+    def make():
+        return StreamingHttpResponse(three_parts()) if streamed else HttpResponse(b"x")
+
+    app = Answering(make, delay=0.3)
+    left, signals = signalled(lambda: async_to_sync(call)(app, "/x", leave_after=0.05))
+    assert left == (None, b"")
+    assert signals == [request_started, request_finished]
+    assert app.closed == [True]
+    assert kept_thread_state(app) == (True, False)
 
 
 class Stop(BaseException):
