@@ -13,6 +13,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals import policy as approvals_policy
+from runs.fixed_queries import FixedQuery
 from runs.models import Role, Tenant, TenantOwnedQuerySet, Thread
 
 # Bounds that catch typos (a TTL of 36,500 days, an approval due in a year)
@@ -193,8 +194,8 @@ class RetentionPolicy(models.Model):
     @classmethod
     def for_tenant(cls, tenant: Tenant) -> RetentionPolicy:
         """The tenant's policy, or the defaults (unsaved) when it has none."""
-        policy = cls.objects.filter(tenant=tenant).first()
-        return policy if policy is not None else cls(tenant=tenant)
+        rows = _POLICY_OF_TENANT(tenant.pk)
+        return rows[0] if rows else cls(tenant=tenant)
 
     @property
     def checkpoint_ttl(self) -> timedelta:
@@ -216,6 +217,15 @@ class RetentionPolicy(models.Model):
             chain=self.escalation_chain,
             expire_after_hours=self.expire_after_hours,
         )
+
+
+# Read at every approval request a run opens (approvals.policy, registered by
+# RetentionConfig.ready), so compiled once per process (runs.fixed_queries).
+# At most one row: the tenant is the policy's one-to-one key.
+_POLICY_OF_TENANT = FixedQuery(
+    lambda tenant_pk: RetentionPolicy.objects.filter(tenant_id=tenant_pk).order_by(),
+    -1,
+)
 
 
 class LegalHoldQuerySet(TenantOwnedQuerySet):
