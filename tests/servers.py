@@ -18,7 +18,7 @@ import httpx
 from django.conf import settings
 
 from tests.deployment.processes import free_port
-from tests.workers import ROOT, test_database_url, wait_for
+from tests.workers import ROOT, suite_database_url, wait_for
 
 
 class LiveServer:
@@ -48,7 +48,7 @@ class LiveServer:
             env={
                 **os.environ,
                 "DJANGO_SETTINGS_MODULE": "tests.settings",
-                "DATABASE_URL": test_database_url(),
+                "DATABASE_URL": suite_database_url(),
                 "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
                 "GATEHOUSE_STREAM_URL": settings.GATEHOUSE_STREAM_URL,
                 "GATEHOUSE_AGENTS": settings.GATEHOUSE_AGENTS,

@@ -23,7 +23,7 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_database_url() -> str:
+def suite_database_url() -> str:
     params = connection.settings_dict
     user = params.get("USER") or "postgres"
     host = params.get("HOST") or "127.0.0.1"
@@ -63,7 +63,7 @@ class Worker:
         full_env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DATABASE_URL": test_database_url(),
+            "DATABASE_URL": suite_database_url(),
             "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
             "GATEHOUSE_AGENTS": settings.GATEHOUSE_AGENTS,
             "GATEHOUSE_RUN_LEASE_SECONDS": str(settings.GATEHOUSE_RUN_LEASE_SECONDS),

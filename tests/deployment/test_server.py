@@ -58,7 +58,7 @@ class Server:
 def server(django_db_setup, tmp_path_factory):
     folder = tmp_path_factory.mktemp("production")
     env = production_env(
-        DATABASE_URL=workers.test_database_url(),
+        DATABASE_URL=workers.suite_database_url(),
         CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
         STATIC_ROOT=str(folder / "static"),
     )

@@ -152,7 +152,7 @@ def crash_a_sweep(job: str, *, when, crash_at: int) -> None:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": workers.test_database_url(),
+        "DATABASE_URL": workers.suite_database_url(),
     }
     finished = subprocess.run(
         [sys.executable, "-c", CRASHING_SWEEP, job, when.isoformat(), str(crash_at)],

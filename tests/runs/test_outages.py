@@ -168,7 +168,7 @@ def test_a_request_the_database_drops_half_way_leaves_its_key_free():
     ):
         if sql.startswith('INSERT INTO "runs_thread"') and not cuts:
             own_pid = context["connection"].connection.info.backend_pid
-            with psycopg.connect(workers.test_database_url(), autocommit=True) as other:
+            with psycopg.connect(workers.suite_database_url(), autocommit=True) as other:
                 cuts.append(
                     other.execute(
                         "SELECT pg_terminate_backend(%s)", [own_pid]
@@ -280,7 +280,7 @@ def test_one_sweep_at_a_time():
     with broker_unreachable():
         api.post("/api/v1/threads/t1/runs", {"input": {}}, format="json")
     Run.objects.update(created_at=Run.objects.get().created_at - timedelta(hours=1))
-    with psycopg.connect(workers.test_database_url(), autocommit=True) as other:
+    with psycopg.connect(workers.suite_database_url(), autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(%s)", [_SWEEP_LOCK])
         assert runs_recover_stalled() == {"expired_leases": 0, "stalled_queued": 0}
         other.execute("SELECT pg_advisory_unlock(%s)", [_SWEEP_LOCK])

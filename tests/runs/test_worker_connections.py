@@ -23,7 +23,7 @@ from config.postgresql import base as postgresql_base
 from runs import thread_connections
 from runs.models import Run
 from tests.factories import tenant_with_client
-from tests.workers import Worker, test_database_url, wait_for
+from tests.workers import Worker, suite_database_url, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -153,7 +153,7 @@ def test_a_shelved_connection_that_died_is_replaced_before_its_first_query():
 
 def _observer() -> psycopg.Connection:
     """A session of its own, beside any thread's: what the server sees."""
-    return psycopg.connect(test_database_url(), autocommit=True)
+    return psycopg.connect(suite_database_url(), autocommit=True)
 
 
 def _last_statement(observer: psycopg.Connection, pid: int) -> str | None:
