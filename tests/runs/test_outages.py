@@ -168,7 +168,9 @@ def test_a_request_the_database_drops_half_way_leaves_its_key_free():
     ):
         if sql.startswith('INSERT INTO "runs_thread"') and not cuts:
             own_pid = context["connection"].connection.info.backend_pid
-            with psycopg.connect(workers.suite_database_url(), autocommit=True) as other:
+            with psycopg.connect(
+                workers.suite_database_url(), autocommit=True
+            ) as other:
                 cuts.append(
                     other.execute(
                         "SELECT pg_terminate_backend(%s)", [own_pid]
