@@ -5,10 +5,10 @@ from __future__ import annotations
 import django_filters
 
 from approvals.models import ApprovalRequest, Gate, Risk
-from runs.api.filters import choice_filter
+from runs.api.filters import SharedFilterSet, choice_filter
 
 
-class ApprovalFilter(django_filters.FilterSet):
+class ApprovalFilter(SharedFilterSet):
     status = choice_filter(ApprovalRequest.Status)
     risk = choice_filter(Risk)
     gate = choice_filter(Gate)
