@@ -387,13 +387,14 @@ async def until_stopped(
 
 async def stopped(run_id, *, within: float, idle: float = 5.0) -> None:
     """Return once the run has stopped or `within` seconds from now, whichever
-    comes first, holding no database connection meanwhile (in the web
-    process's event loop; the request's thread stays reserved, idle). It
+    comes first, in the web process's event loop (the request's thread stays
+    reserved, idle), holding no database connection meanwhile: its caller
+    gave the request's connection back first (release_connection, in its
+    view: a hop of its own here cost more CPU than the call). It
     reads the events' names, not their content: the caller reads the run
     from the database then. A log that cannot be read (Redis down) ends the
     wait at once."""
     until = asyncio.get_running_loop().time() + within
-    await sync_to_async(release_connection)()
     try:
         after = await live_start(run_id)
         async for _ in until_stopped(

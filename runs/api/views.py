@@ -288,6 +288,9 @@ class RunDetailView(TenantThreadMixin, APIView):
         if seconds and run.is_active:
             # Read before the wait, for an answer if the database goes away.
             before = SafeJSONRenderer().render(run_body(request, run, reveal=False))
+            # The wait holds no database connection: given back here, on the
+            # view's thread, rather than in a hop of its own (streaming.stopped).
+            streaming.release_connection()
             return StreamingHttpResponse(
                 _once_stopped(request, run, seconds, reveal, before),
                 content_type="application/json",
