@@ -44,6 +44,36 @@ class ThreadQuerySet(TenantOwnedQuerySet):
         thread.data_key_id = key.key_id
         return thread
 
+    def unsaved_with_data_key(
+        self, *, tenant: Tenant, thread_id: str, **fields: Any
+    ) -> Thread | None:
+        """On Postgres, a new thread not yet inserted, its primary key taken
+        from the table's sequence first so that its data key is wrapped before
+        the insert: one INSERT, with the key, for the caller to run in a
+        statement of its own (runs.services.threads.thread_event's
+        `inserts`), where create_with_data_key writes the row and then its
+        key. None elsewhere (SQLite has no sequence to take from)."""
+        connection = transaction.get_connection(self.db)
+        if connection.vendor != "postgresql":
+            return None
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT nextval(pg_get_serial_sequence(%s, 'id'))",
+                [self.model._meta.db_table],
+            )
+            [(pk,)] = cursor.fetchall()
+        key = crypto.new_data_key(
+            tenant_id=tenant.pk, owner=crypto.thread_key_owner(pk)
+        )
+        return self.model(
+            pk=pk,
+            tenant=tenant,
+            thread_id=thread_id,
+            wrapped_data_key=key.wrapped,
+            data_key_id=key.key_id,
+            **fields,
+        )
+
 
 class Thread(models.Model):
     """A thread and its data key.

@@ -189,18 +189,25 @@ def thread_create(
     clear_metadata, subject = _metadata_for(spec, metadata or {})
     if selectors.live_thread(tenant, thread_id) is not None:
         raise StateConflict(f"thread {thread_id} already exists", code="thread_exists")
-    thread = Thread.objects.create_with_data_key(
-        tenant=tenant,
-        thread_id=thread_id,
-        agent_name=spec.name if spec else "",
-        metadata=clear_metadata,
-        subject_hash=subject,
-    )
+    fields = {
+        "tenant": tenant,
+        "thread_id": thread_id,
+        "agent_name": spec.name if spec else "",
+        "metadata": clear_metadata,
+        "subject_hash": subject,
+    }
+    # Its row, with its key, and its event in one statement where the id can
+    # be taken first (Postgres); otherwise the row, its key, then the event.
+    thread = Thread.objects.unsaved_with_data_key(**fields)
+    inserts = [thread] if thread is not None else []
+    if thread is None:
+        thread = Thread.objects.create_with_data_key(**fields)
     thread_event(
         thread=thread,
         kind=events.THREAD_CREATED,
         actor=actor,
         data={"agent": spec.name if spec else "(none yet)"},
+        inserts=inserts,
     )
     return thread
 

@@ -21,6 +21,41 @@ def _statements(queries, verb: str, table: str) -> int:
     )
 
 
+def test_a_new_thread_is_written_once_with_its_key_and_its_event():
+    """Its id taken first, its row goes in with its data key, in the
+    statement that records thread.created: no UPDATE for the key."""
+    from audit import services as audit_services
+    from audit.models import AuditEvent
+    from runs.crypto import ThreadCipher
+
+    tenant, client = tenant_with_client()
+    # The tenant's first event makes its sequence row; as if that had
+    # committed (nothing does in this test), later events take one statement.
+    first = client.post("/api/v1/threads", {"agent": "refund"}, format="json")
+    assert first.status_code == 201, first.content
+    audit_services._SEQUENCED.add(tenant.pk)
+    try:
+        with CaptureQueriesContext(connection) as captured:
+            created = client.post(
+                "/api/v1/threads",
+                {"thread_id": "t-1", "agent": "refund"},
+                format="json",
+            )
+    finally:
+        audit_services._SEQUENCED.discard(tenant.pk)
+    assert created.status_code == 201, created.content
+    queries = captured.captured_queries
+    assert _statements(queries, "UPDATE", "runs_thread") == 0
+    inserts = [q["sql"] for q in queries if 'INSERT INTO "runs_thread"' in q["sql"]]
+    assert len(inserts) == 1 and "audit_auditevent" in inserts[0]
+    thread = Thread.objects.get(thread_id="t-1")
+    assert thread.wrapped_data_key and thread.data_key_id
+    ThreadCipher.for_thread(thread)  # its key unwraps, bound to its id
+    assert AuditEvent.objects.filter(
+        kind="thread.created", thread_id="t-1"
+    ).count() == 1
+
+
 def test_starting_a_run_writes_its_thread_once_and_reads_its_runs_once():
     _, client = tenant_with_client()
     created = client.post(
