@@ -22,7 +22,8 @@ Where the log lives (``GATEHOUSE_STREAM_URL``):
 - a Redis stream per run (``gh:run:<run id>:events``) in production: the
   worker appends with ``XADD`` under the event's own id, so an attempt that
   lost its lease to a newer one can no longer append; readers block in
-  ``XREAD`` and wake the moment an event lands;
+  ``XREAD`` and wake the moment an event lands. The run's thread writes an
+  event without waiting for Redis's reply, read later (runs.stream_sender);
 - ``RunStreamEvent`` rows in the embedded mode (no Redis), which readers
   poll every ``POLL_INTERVAL`` seconds.
 
@@ -53,6 +54,7 @@ from runs import outages
 from runs.crypto import ThreadCipher
 from runs.models import Run, RunStreamEvent
 from runs.selectors import jsonable
+from runs.stream_sender import Sender
 
 logger = logging.getLogger(__name__)
 
@@ -101,10 +103,6 @@ def encode(data: Any) -> bytes:
     return json.dumps(jsonable(data), separators=(",", ":")).encode()
 
 
-class StaleAttempt(Exception):
-    """A newer attempt of the run has published: this one lost its lease."""
-
-
 # The client-side bound of a blocked read: above any `idle` a reader passes.
 BLOCKED_READ_TIMEOUT = 60.0
 
@@ -113,6 +111,7 @@ class RedisLog:
     def __init__(self, url: str) -> None:
         self.url = url
         self._sync: redis.Redis | None = None
+        self._sender: Sender | None = None
         # One client per event loop: an asyncio connection belongs to its loop.
         self._async: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -137,16 +136,41 @@ class RedisLog:
             self._async[loop] = client
         return client
 
-    def append(self, run_id, event_id: EventId, name: str, blob: bytes) -> None:
-        pipe = self._client().pipeline(transaction=False)
-        pipe.xadd(self.key(run_id), {"e": name, "d": blob}, id=str(event_id))
-        pipe.expire(self.key(run_id), settings.GATEHOUSE_STREAM_TTL_SECONDS)
-        try:
-            pipe.execute()
-        except redis.ResponseError as exc:
-            if "equal or smaller" in str(exc):
-                raise StaleAttempt(str(exc)) from None
-            raise
+    def publish(
+        self, publisher: Publisher, event_id: EventId, name: str, blob: bytes
+    ) -> None:
+        """XADD the event under its own id (and renew the stream's expiry)
+        without waiting for Redis's reply (runs.stream_sender), except for
+        the run's end: the run's last event, after which nothing of it is
+        left unanswered."""
+        if self._sender is None:
+            self._sender = Sender(self.url, self._settle)
+        key = self.key(publisher.run_id)
+        self._sender.send(
+            [
+                ("XADD", key, str(event_id), "e", name, "d", blob),
+                ("EXPIRE", key, settings.GATEHOUSE_STREAM_TTL_SECONDS),
+            ],
+            (publisher, name),
+            wait=name == END,
+        )
+
+    def flush(self) -> None:
+        if self._sender is not None:
+            self._sender.flush()
+
+    @staticmethod
+    def _settle(token: tuple[Publisher, str], replies: list | BaseException) -> None:
+        """An XADD Redis refused for an id not above the stream's last makes
+        its publisher stale (a newer attempt owns the log)."""
+        publisher, name = token
+        if isinstance(replies, BaseException):
+            publisher.lost(name, type(replies).__name__)
+        elif isinstance(replies[0], redis.ResponseError):
+            if "equal or smaller" in str(replies[0]):
+                publisher.superseded()
+            else:
+                publisher.lost(name, str(replies[0]))
 
     async def read(
         self, run_id, after: EventId, timeout: float
@@ -172,14 +196,19 @@ class RedisLog:
 
 
 class DatabaseLog:
-    def append(self, run_id, event_id: EventId, name: str, blob: bytes) -> None:
+    def publish(
+        self, publisher: Publisher, event_id: EventId, name: str, blob: bytes
+    ) -> None:
         RunStreamEvent.objects.create(
-            run_id=run_id,
+            run_id=publisher.run_id,
             attempt=event_id.attempt,
             seq=event_id.seq,
             event=name,
             data=blob,
         )
+
+    def flush(self) -> None:
+        pass
 
     @staticmethod
     def _rows(run_id, after: EventId) -> list[tuple[EventId, str, bytes]]:
@@ -238,8 +267,9 @@ def log() -> RedisLog | DatabaseLog:
 class Publisher:
     """Publishes one claim attempt's events of a run, in order.
 
-    After a `StaleAttempt` (the run was taken over by a newer attempt) it
-    publishes nothing more: the newer attempt's worker owns the log.
+    Once Redis refuses one of its events for an id below the log's last (the
+    run was taken over by a newer attempt) it publishes nothing more: the
+    newer attempt's worker owns the log.
     """
 
     def __init__(self, *, run_id, attempt: int, cipher: ThreadCipher) -> None:
@@ -250,25 +280,35 @@ class Publisher:
         self.stale = False
 
     def publish(self, name: str, data: Any) -> None:
+        """Encrypt the event and append it to the log (Redis reports a
+        refusal or an outage through `superseded` and `lost`, maybe later)."""
         if self.stale:
             return
         event_id = EventId(self.attempt, self.seq)
         self.seq += 1
         blob = self.cipher.encrypt(encode(data), row=_row(self.run_id, event_id))
-        try:
-            log().append(self.run_id, event_id, name, blob)
-        except StaleAttempt:
+        log().publish(self, event_id, name, blob)
+
+    def superseded(self) -> None:
+        """A newer attempt published: publish nothing more (events already
+        written are refused by Redis, their ids being below the newer one's)."""
+        if not self.stale:
             logger.warning("run %s: attempt %s is stale", self.run_id, self.attempt)
-            self.stale = True
-        except outages.BROKER_ERRORS as error:
-            # Redis is down: the event is lost to live readers, the run goes
-            # on; its outcome is in the database, where readers find it too.
-            logger.warning(
-                "run %s: stream event %s not published (%s)",
-                self.run_id,
-                name,
-                type(error).__name__,
-            )
+        self.stale = True
+
+    def lost(self, name: str, why: str) -> None:
+        """Redis down: the event is lost to live readers, the run goes on;
+        its outcome is in the database, where readers find it too."""
+        logger.warning(
+            "run %s: stream event %s not published (%s)", self.run_id, name, why
+        )
+
+
+def flush() -> None:
+    """Read the replies to the events published so far (runs.stream_sender):
+    a stale attempt or a lost event is known once this returns."""
+    for each in list(_logs.values()):
+        each.flush()
 
 
 def outcome(

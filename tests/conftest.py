@@ -34,10 +34,12 @@ def _no_shelved_connections():
     """Connections that this process's finished threads (LangGraph's executor,
     a heartbeat) left for the next ones (runs.thread_connections), and those
     of a run's kept pool (runs.graph_executor), are one test's: closed after
-    it, or they would outlive the test database."""
+    it, or they would outlive the test database. The replies to this
+    process's stream events still unread are read (runs.stream_sender)."""
     yield
-    from runs import graph_executor, thread_connections
+    from runs import graph_executor, streaming, thread_connections
 
+    streaming.flush()
     graph_executor.shut_down()
     thread_connections.close_all()
 
