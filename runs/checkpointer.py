@@ -41,7 +41,6 @@ import itertools
 import json
 import os
 import secrets
-import threading
 from collections import defaultdict
 from collections.abc import (
     AsyncIterator,
@@ -51,7 +50,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache, lru_cache
 from types import SimpleNamespace
 from typing import Any
@@ -221,35 +220,6 @@ class _SealedPut:
     checkpoint: bytes
     metadata: bytes
     blobs: list[tuple[str, str, bytes]]
-
-
-@dataclass
-class _KeptCheckpoint:
-    checkpoint_id: str
-    parent_checkpoint_id: str
-    checkpoint: bytes  # ciphertext, with its metadata
-    blob_versions: dict[str, str]
-
-
-@dataclass
-class _Kept:
-    """What a run's own writes stored for its thread (DjangoSaver.adopt): the
-    ciphertexts of its latest checkpoint in each namespace with its write
-    rows, and of the blobs it wrote or read. get_tuple opens them as it opens
-    the rows a query returns, through the cipher and the serializer's
-    allow-list, and reads the database instead whenever they are not enough."""
-
-    thread_pk: int
-    cipher: ThreadCipher
-    latest: dict[str, _KeptCheckpoint]  # by namespace
-    blobs: dict[tuple[str, str, str], bytes]  # (ns, channel, version)
-    # (ns, checkpoint id) -> {(task id, idx): (channel, task path, ciphertext)},
-    # its write rows; None when which rows are stored is not known. A task's
-    # writes may be stored before its checkpoint (LangGraph puts them from
-    # other threads): kept by id, not with the latest checkpoint.
-    writes: dict[tuple[str, str], dict[tuple[str, int], tuple] | None]
-    # LangGraph writes a step's tasks from several threads at once.
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 # The one-round-trip write path (Postgres): a single statement locks the
@@ -484,8 +454,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         # The pks of the threads it knows are marked `uses_delta_channels`.
         self._delta_threads: set[int] = set()
         self._versions = VersionSequence()
-        # thread_id -> what the run that adopted it stored (see adopt).
-        self._kept: dict[str, _Kept] = {}
 
     def with_allowlist(self, extra_allowlist: Iterable[tuple[str, ...]]) -> DjangoSaver:
         """LangGraph's hook for the types a graph's state declares."""
@@ -506,7 +474,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone._written_threads = {}
         clone._created_threads = set()
         clone._delta_threads = set()
-        clone._kept = {}
         clone._versions = VersionSequence()  # another tenant's: its own
         return clone
 
@@ -525,16 +492,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self._written_threads[str(thread.thread_id)] = (thread.pk, cipher)
         if thread.uses_delta_channels:
             self._delta_threads.add(thread.pk)
-        # The run holds the thread's lease: until `release`, nothing but its
-        # own writes changes the thread's latest checkpoint, so get_tuple may
-        # answer from what those writes stored (a run reads its state back
-        # once it stops: runs.execution). Nothing kept from an earlier run.
-        self._kept[str(thread.thread_id)] = _Kept(thread.pk, cipher, {}, {}, {})
-
-    def release(self, thread: Thread) -> None:
-        """The run that adopted `thread` is over: its writes are no longer the
-        only ones, get_tuple reads the database again."""
-        self._kept.pop(str(thread.thread_id), None)
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         return self._versions.after(current)
@@ -721,30 +678,11 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             or any(key in stored_metadata for key in _DELTA_METADATA_KEYS),
         )
         thread_connections.bind(self.using)
-        kept = self._kept.get(thread_id)
-        if kept is not None:
-            with kept.lock:
-                kept.latest.pop(ns, None)  # until this one is stored
-        sealed = outages.through_outages(
+        outages.through_outages(
             lambda: self._put(thread_id, plan),
             what=f"checkpoint {checkpoint_id}",
             using=self.using,
         )
-        if kept is not None and not connections[self.using].in_atomic_block:
-            # Committed (no outer transaction could roll it back).
-            with kept.lock:
-                for channel, version, value in sealed.blobs:
-                    kept.blobs[(ns, channel, version)] = value
-                kept.latest[ns] = _KeptCheckpoint(
-                    checkpoint_id,
-                    plan.parent_checkpoint_id,
-                    sealed.checkpoint,
-                    plan.blob_versions,
-                )
-                # Only the latest checkpoint's writes are read from here.
-                for key in [k for k in kept.writes if k[0] == ns]:
-                    if key[1] != checkpoint_id:
-                        del kept.writes[key]
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -753,21 +691,18 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             }
         }
 
-    def _put(self, thread_id: str, plan: _PutPlan) -> _SealedPut:
-        """Store the put; what was stored."""
+    def _put(self, thread_id: str, plan: _PutPlan) -> None:
         # An upsert: repeated after a lost connection, it writes the same rows.
         known = self._written_threads.get(thread_id)
-        if (
+        if not (
             known is not None
             and self._on_postgres
             # The first delta checkpoint marks its thread (prune and migrate
             # refuse such threads): that takes the transactional path, once.
             and (not plan.uses_delta or known[0] in self._delta_threads)
+            and self._put_in_one_statement(*known, plan)
         ):
-            sealed = self._put_in_one_statement(*known, plan)
-            if sealed is not None:
-                return sealed
-        return self._put_in_transaction(thread_id, plan)
+            self._put_in_transaction(thread_id, plan)
 
     def _seal_put(self, cipher: ThreadCipher, plan: _PutPlan) -> _SealedPut:
         ns, checkpoint_id = plan.ns, plan.checkpoint_id
@@ -794,7 +729,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             ],
         )
 
-    def _put_in_transaction(self, thread_id: str, plan: _PutPlan) -> _SealedPut:
+    def _put_in_transaction(self, thread_id: str, plan: _PutPlan) -> None:
         with transaction.atomic(using=self.using):
             thread = self._thread_for_write(thread_id)
             sealed = self._seal_put(thread.cipher, plan)
@@ -840,12 +775,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             )
             if plan.uses_delta:
                 self._mark_delta(thread)
-        return sealed
 
     def _put_in_one_statement(
         self, thread_pk: int, cipher: ThreadCipher, plan: _PutPlan
-    ) -> _SealedPut | None:
-        """The put in one statement; None if it wrote nothing (_write_if_alive)."""
+    ) -> bool:
         sealed = self._seal_put(cipher, plan)
         # In the order of the placeholders of _put_statement.
         params: list[Any] = [thread_pk]
@@ -865,9 +798,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             sealed.metadata,
             timezone.now(),
         )
-        if self._write_if_alive(_put_statement(len(sealed.blobs)), params):
-            return sealed
-        return None
+        return self._write_if_alive(_put_statement(len(sealed.blobs)), params)
 
     def _write_if_alive(self, sql: str, params: Sequence[Any]) -> bool:
         """Run a guarded write; False if the thread row was not found alive.
@@ -960,42 +891,13 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             return rows
 
         thread_connections.bind(self.using)
-        stored = None
-        try:
-            stored = outages.through_outages(
-                lambda: self._put_writes(
-                    thread_id, ns, checkpoint_id, task_id, packed, special, seal
-                ),
-                what=f"writes of task {task_id}",
-                using=self.using,
-            )
-        finally:
-            if (kept := self._kept.get(thread_id)) is not None:
-                self._keep_writes(kept, ns, checkpoint_id, task_id, special, stored)
-
-    def _keep_writes(
-        self,
-        kept: _Kept,
-        ns: str,
-        checkpoint_id: str,
-        task_id: str,
-        special: bool,
-        stored: list[tuple[int, str, str, bytes]] | None,
-    ) -> None:
-        """Keep the write rows a put_writes stored as the database keeps them
-        (special channels upserted, others first call's), or forget the
-        checkpoint when which rows are stored is not known."""
-        key = (ns, checkpoint_id)
-        with kept.lock:
-            if stored is None or connections[self.using].in_atomic_block:
-                kept.writes[key] = None
-                return
-            rows = kept.writes.setdefault(key, {})
-            if rows is None:
-                return
-            for idx, channel, task_path, value in stored:
-                if special or (task_id, idx) not in rows:
-                    rows[(task_id, idx)] = (channel, task_path, value)
+        outages.through_outages(
+            lambda: self._put_writes(
+                thread_id, ns, checkpoint_id, task_id, packed, special, seal
+            ),
+            what=f"writes of task {task_id}",
+            using=self.using,
+        )
 
     def _put_writes(
         self,
@@ -1009,9 +911,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             [ThreadCipher, list[tuple[int, str, Any]]],
             list[tuple[int, str, str, bytes]],
         ],
-    ) -> list[tuple[int, str, str, bytes]] | None:
-        """Store the writes; the rows written in one statement, or None when
-        the transactional path stored them (merged: see _writes_not_stored)."""
+    ) -> None:
         # Upserts, or inserts that ignore rows already there: repeated after a
         # lost connection, they write the same rows.
         known = self._written_threads.get(thread_id)
@@ -1029,7 +929,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             statement = _put_writes_statement(len(sealed), special)
             alive, packed_rows = self._write_returning(statement, params)
             if alive == 1 and (packed_rows or not packed):
-                return sealed
+                return
             # Dead or not yet committed (below tells which), or the task's
             # earlier call holds the packed row's place: merged below.
         with transaction.atomic(using=self.using):
@@ -1067,7 +967,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 )
             else:
                 manager.bulk_create(rows, ignore_conflicts=True)
-        return None
 
     def _writes_not_stored(
         self,
@@ -1128,9 +1027,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         if checkpoint_id := get_checkpoint_id(config):
             where += " AND c.checkpoint_id = %s"
             params += (compact_id(checkpoint_id),)
-        elif (kept := self._kept.get(params[1])) is not None:
-            if (found := self._kept_tuple(params[1], params[2], kept)) is not None:
-                return found
         if self._on_postgres:
             rows = self._query([(_pg_get_tuple_statement(where), params)])[0]
             if not rows:
@@ -1141,64 +1037,12 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 (row.thread_pk, row.ns, channel.decode(), version.decode()): value
                 for channel, version, value in stored_blobs or ()
             }
-            kept = self._kept.get(row.thread_id)
-            if kept is not None and kept.thread_pk == row.thread_pk:
-                for (_, ns, channel, version), value in blobs.items():
-                    kept.blobs[(ns, channel, version)] = bytes(value)
             writes = [
                 (id_text(task_id), int(idx), channel.decode(), path.decode(), value)
                 for task_id, idx, channel, path, value in stored_writes or ()
             ]
             return self._decrypt_tuple(row, blobs, writes)
         return self._get_tuple_in_steps(where, params)
-
-    def _kept_tuple(
-        self, thread_id: str, ns: str, kept: _Kept
-    ) -> CheckpointTuple | None:
-        """The latest checkpoint of an adopted thread from what its run stored
-        (see adopt), or None: read the database.
-
-        The ciphertexts are the bytes the run's puts and put_writes stored (or
-        its reads returned), opened as a query's rows are: decrypted under
-        their row's associated data and deserialized through the allow-list,
-        never objects the run holds (which a node may have changed in place
-        since). A blob the run neither wrote nor read is read from the
-        database.
-        """
-        with kept.lock:
-            latest = kept.latest.get(ns)
-            if latest is None:
-                return None
-            blobs = {}
-            for channel, version in latest.blob_versions.items():
-                value = kept.blobs.get((ns, channel, version))
-                if value is None:
-                    return None
-                blobs[(kept.thread_pk, ns, channel, version)] = value
-            rows = kept.writes.get((ns, latest.checkpoint_id), {})
-            if rows is None:
-                return None
-            writes = [
-                (task_id, idx, channel, task_path, value)
-                for (task_id, idx), (channel, task_path, value) in rows.items()
-            ]
-        row = _Row(
-            kept.thread_pk,
-            thread_id,
-            None,
-            "",
-            ns,
-            latest.checkpoint_id,
-            latest.parent_checkpoint_id,
-            latest.blob_versions,
-            latest.checkpoint,
-            b"",
-        )
-        body, metadata = self._open_checkpoint(
-            kept.cipher, ns, latest.checkpoint_id, latest.checkpoint, b""
-        )
-        key = (kept.thread_pk, ns, latest.checkpoint_id)
-        return self._build_tuple(row, kept.cipher, body, metadata, blobs, {key: writes})
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
@@ -1698,7 +1542,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
     def delete_thread(self, thread_id: str) -> None:
         """Destroy every thread of the tenant stored under this id (the live one
         and any tombstone that still has rows): `runs.storage.thread_destroy`."""
-        self._kept.clear()  # their rows change: read the database
         thread_connections.bind(self.using)
         with transaction.atomic(using=self.using):
             for thread in storage.threads_lock(
@@ -1707,7 +1550,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 storage.thread_destroy(thread=thread, using=self.using)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._kept.clear()  # their rows change: read the database
         run_ids = [str(run_id) for run_id in run_ids]
         if not run_ids:
             return
@@ -1765,7 +1607,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write, re-encrypted for the target."""
-        self._kept.clear()  # their rows change: read the database
         thread_connections.bind(self.using)
         source_thread_id = str(source_thread_id)
         target_thread_id = str(target_thread_id)
@@ -1890,7 +1731,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         if strategy not in PRUNE_STRATEGIES:
             raise ValueError(f"Unknown prune strategy: {strategy!r}")
         thread_ids = [str(thread_id) for thread_id in thread_ids]
-        self._kept.clear()  # their rows change: read the database
         if not thread_ids:
             return
         thread_connections.bind(self.using)

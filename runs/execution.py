@@ -49,7 +49,6 @@ from runs.fixed_queries import FixedQuery
 from runs.gates import gate_nodes_of
 from runs.graphs import compiled, ensure_nodes_exist, spec_for, thread_config
 from runs.models import Checkpoint, Run, Thread
-from runs.registry import AgentSpec
 from runs.services.runs import record_cancelled
 from runs.services.threads import thread_event
 from runs.signals import InterruptRejected, run_interrupted
@@ -462,26 +461,6 @@ def _invoke(
     cipher = ThreadCipher.for_thread(thread)
     # The claim read the thread alive, locked: no look-up before the first write.
     graph.checkpointer.adopt(thread, cipher)
-    try:
-        return _invoke_adopted(
-            run, thread, publisher, watch, spec, graph, cipher, untried=untried
-        )
-    finally:
-        graph.checkpointer.release(thread)
-
-
-def _invoke_adopted(
-    run: Run,
-    thread: Thread,
-    publisher: streaming.Publisher,
-    watch: CancelWatch,
-    spec: AgentSpec,
-    graph: Any,
-    cipher: ThreadCipher,
-    *,
-    untried: bool,
-) -> Outcome:
-    """_invoke, with the thread adopted by the graph's checkpoint store."""
     graph_input, config = _graph_input(run, thread, cipher, untried=untried)
     context = RunContext(
         tenant_id=thread.tenant_id,
