@@ -12,6 +12,14 @@ from runs import crypto
 from runs.models.tenancy import Tenant, TenantOwnedQuerySet
 
 
+def _new_data_key(tenant: Tenant, thread_pk: int) -> crypto.WrappedDataKey:
+    """A fresh data key for the thread, wrapped by the active master key and
+    bound to the thread's primary key."""
+    return crypto.new_data_key(
+        tenant_id=tenant.pk, owner=crypto.thread_key_owner(thread_pk)
+    )
+
+
 class ThreadQuerySet(TenantOwnedQuerySet):
     def for_tenant(
         self, tenant: Tenant, *, include_deleted: bool = False
@@ -34,9 +42,7 @@ class ThreadQuerySet(TenantOwnedQuerySet):
         """
         with transaction.atomic(using=self.db, savepoint=False):
             thread = self.create(tenant=tenant, thread_id=thread_id, **fields)
-            key = crypto.new_data_key(
-                tenant_id=tenant.pk, owner=crypto.thread_key_owner(thread.pk)
-            )
+            key = _new_data_key(tenant, thread.pk)
             self.filter(pk=thread.pk).update(
                 wrapped_data_key=key.wrapped, data_key_id=key.key_id
             )
@@ -62,9 +68,7 @@ class ThreadQuerySet(TenantOwnedQuerySet):
                 [self.model._meta.db_table],
             )
             [(pk,)] = cursor.fetchall()
-        key = crypto.new_data_key(
-            tenant_id=tenant.pk, owner=crypto.thread_key_owner(pk)
-        )
+        key = _new_data_key(tenant, pk)
         return self.model(
             pk=pk,
             tenant=tenant,

@@ -199,9 +199,9 @@ def thread_create(
     # Its row, with its key, and its event in one statement where the id can
     # be taken first (Postgres); otherwise the row, its key, then the event.
     thread = Thread.objects.unsaved_with_data_key(**fields)
-    inserts = [thread] if thread is not None else []
+    inserts = [thread]
     if thread is None:
-        thread = Thread.objects.create_with_data_key(**fields)
+        thread, inserts = Thread.objects.create_with_data_key(**fields), []
     thread_event(
         thread=thread,
         kind=events.THREAD_CREATED,
