@@ -3,7 +3,7 @@ client per server for the whole process.
 
 Django's backend builds a new `redis.Redis` for every cache call, and redis-py's
 constructor fills its table of some 170 response callbacks each time: about a
-millisecond of CPU per call, and an API request makes two (its key's access
+millisecond of CPU per call, and every API request makes one or two (its key's access
 epoch with its address's failed authentications; its request budget).
 
 Its connection pools are per backend *instance*, and Django's `caches` keeps

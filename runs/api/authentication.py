@@ -10,6 +10,13 @@ from rest_framework import authentication, exceptions
 from rest_framework.throttling import SimpleRateThrottle
 
 from runs.api import key_cache
+from runs.api.throttling import (
+    WINDOW_FUNCTIONS,
+    PrincipalRateThrottle,
+    add_to_window,
+    now_ms,
+    run_script,
+)
 from runs.models import ApiKey
 
 # last_used_at is a hint for operators, not an access log; writing it on every
@@ -37,6 +44,40 @@ class ApiKeyUser:
         return str(self)
 
 
+# One round trip before a key is used (Redis): the address's failed
+# authentications, then the access epoch (`runs.api.key_cache`, started here
+# if the cache lost it), then, only when the key this process keeps for the
+# secret was read under that same epoch, so is still valid, the key's request
+# budget (`runs.api.throttling`). A secret that turns out wrong, revoked or
+# unknown never counts against the budget of the key it names.
+# KEYS: failures, epoch[, budget]; ARGV: now (ms), failure window (ms),
+# failure limit, a fresh epoch, its lifetime (s)[, the kept key's epoch,
+# budget window (ms), budget limit, member]. Answers {ms the address must wait
+# (-1: it may try), epoch, the budget's verdict (-1: not counted, 0: refused,
+# 1: allowed), ms to wait for the budget}.
+_ADMIT = (
+    WINDOW_FUNCTIONS
+    + """
+local now = tonumber(ARGV[1])
+local wait = full(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
+if wait then
+    return {wait, '', -1, 0}
+end
+local epoch = redis.call('GET', KEYS[2])
+if not epoch then
+    epoch = ARGV[4]
+    redis.call('SET', KEYS[2], epoch, 'EX', ARGV[5])
+end
+if KEYS[3] and epoch == ARGV[6] then
+    local verdict = charge(KEYS[3], now, tonumber(ARGV[7]), tonumber(ARGV[8]),
+        ARGV[9])
+    return {-1, epoch, verdict[1], verdict[2]}
+end
+return {-1, epoch, -1, 0}
+"""
+)
+
+
 class AuthenticationFailures(SimpleRateThrottle):
     """Failed API authentications per client address.
 
@@ -52,24 +93,49 @@ class AuthenticationFailures(SimpleRateThrottle):
         return settings.GATEHOUSE_AUTH_FAILURE_RATE
 
     def get_cache_key(self, request, view=None) -> str:
-        return self.cache_format % {
+        ident = self.cache_format % {
             "scope": self.scope,
             "ident": self.get_ident(request),
         }
+        # In Redis a sorted set, not DRF's pickled list: a name of its own.
+        return f"{ident}:window" if key_cache.enabled() else ident
 
-    def wait_before_trying(self, request) -> tuple[float | None, str | None]:
-        """Seconds the address must wait (None when it may try), and the access
-        epoch of `runs.api.key_cache`, read in the same round trip."""
+    def admit(self, request, kept=None, budget=None):
+        """Seconds the address must wait (None when it may try), the access
+        epoch (None without Redis), and the verdict on `budget` (the window
+        and arguments of a request counted with this key, counted only if
+        `kept` was read under the current epoch; None if not counted)."""
         self.key = self.get_cache_key(request)
-        self.now = self.timer()
-        values, epoch = key_cache.read([self.key])
-        self.history = [
-            at for at in values.get(self.key, []) if at > self.now - self.duration
+        if not key_cache.enabled():
+            self.now = self.timer()
+            self.history = [
+                at
+                for at in self.cache.get(self.key, [])
+                if at > self.now - self.duration
+            ]
+            wait = self.wait() if len(self.history) >= self.num_requests else None
+            return wait, None, None
+        keys = [self.key, key_cache.EPOCH_KEY]
+        args = [
+            now_ms(),
+            self.duration * 1000,
+            self.num_requests,
+            key_cache.fresh_epoch(),
+            key_cache.EPOCH_SECONDS,
         ]
-        wait = self.wait() if len(self.history) >= self.num_requests else None
-        return wait, epoch
+        if kept is not None and budget is not None:
+            keys.append(budget[0])
+            args += [kept.epoch, *budget[1]]
+        wait_ms, epoch, allowed, budget_wait_ms = run_script(_ADMIT, keys, args)
+        if wait_ms >= 0:
+            return wait_ms / 1000, None, None
+        verdict = None if allowed < 0 else (bool(allowed), budget_wait_ms)
+        return None, epoch, verdict
 
     def record_failure(self) -> None:
+        if key_cache.enabled():
+            add_to_window(self.key, self.duration)
+            return
         self.history.insert(0, self.now)
         self.cache.set(self.key, self.history, self.duration)
 
@@ -91,18 +157,26 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
     def authenticate_secret(self, request, secret: str):
         """The key whose secret this is; the same 401 for any bad one, and a
         429 for an address that failed too often."""
+        prefix, dot, _ = secret.partition(".")
+        well_formed = bool(dot and prefix)
+        kept = (
+            key_cache.find(prefix, ApiKey.hash_secret(secret)) if well_formed else None
+        )
+        budget = PrincipalRateThrottle.to_count(request, prefix) if kept else None
         failures = AuthenticationFailures()
-        wait, epoch = failures.wait_before_trying(request)
+        wait, epoch, verdict = failures.admit(request, kept, budget)
         if wait is not None:
             raise exceptions.Throttled(
                 wait, detail="Too many failed authentications from this address."
             )
-        prefix, dot, _ = secret.partition(".")
-        if not dot or not prefix:
+        if not well_formed:
             failures.record_failure()
             raise exceptions.AuthenticationFailed("Malformed API key.")
-        api_key = key_cache.find(prefix, ApiKey.hash_secret(secret), epoch)
-        if api_key is None:
+        if kept is not None and kept.epoch == epoch:
+            api_key = key_cache.use(kept)
+            if verdict is not None:
+                PrincipalRateThrottle.counted(request, budget[0], *verdict)
+        else:
             api_key = self._verified(prefix, secret)
             if api_key is None:
                 failures.record_failure()

@@ -5,34 +5,34 @@ its owner's membership with it) under the *access epoch* it was read in: a
 random token in the shared cache (Redis) that every change to what
 authenticates a request replaces, in whichever process it happens (a key
 saved or deleted, so revoked; a membership, a user or a tenant saved or
-deleted). A request reads the epoch in the same round trip as the failed
-authentications of its address (`get_many`), and uses a kept key only if the
-epoch it was read in is still the current one: a revocation is seen by every
-process at its next request. The epoch is replaced before the change commits
-and again after it, so a key read in between is not kept past the commit.
+deleted). A request reads the epoch in the round trip that also checks its
+address's failed authentications (`runs.api.authentication`), and uses a kept
+key only if the epoch it was read in is still the current one: a revocation
+is seen by every process at its next request. The epoch is replaced before
+the change commits and again after it, so a key read in between is not kept
+past the commit.
 
-Only with a cache that processes share: with a per-process cache (the
-embedded mode's default, locmem) another process's revocation could not be
-seen, so every request reads its key from the database, as before.
+Only with Redis as the cache: with a per-process cache (the embedded mode's
+default, locmem) another process's revocation could not be seen, so every
+request reads its key from the database, as before.
 """
 
 from __future__ import annotations
 
 import copy
 import hmac
+import secrets
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
-from django.core.cache import cache, caches
-from django.core.cache.backends.dummy import DummyCache
-from django.core.cache.backends.locmem import LocMemCache
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
+from runs.api.throttling import redis_cache
 from runs.models import ApiKey, Membership, Tenant
 
 EPOCH_KEY = "gatehouse:access-epoch"
@@ -47,7 +47,7 @@ MAX_KEYS = 10_000
 @dataclass
 class _Kept:
     api_key: ApiKey
-    epoch: str
+    epoch: bytes  # as stored: compared by the Lua script, never parsed
     read_at: float
 
 
@@ -56,42 +56,35 @@ _lock = threading.Lock()
 
 
 def enabled() -> bool:
-    # `cache` is a proxy: ask the backend itself.
-    return not isinstance(caches["default"], (LocMemCache, DummyCache))
+    return redis_cache() is not None
 
 
-def read(keys: list[str]) -> tuple[dict, str | None]:
-    """The cache values of `keys` and the current epoch, in one round trip."""
-    if not enabled():
-        return cache.get_many(keys), None
-    values = cache.get_many([*keys, EPOCH_KEY])
-    epoch = values.pop(EPOCH_KEY, None)
-    if epoch is None:
-        # First use, or the cache lost it: start an epoch nobody has kept keys
-        # under (add: the first of racing processes wins, all use its token).
-        cache.add(EPOCH_KEY, uuid.uuid4().hex, timeout=EPOCH_SECONDS)
-        epoch = cache.get(EPOCH_KEY)
-    return values, epoch
+def fresh_epoch() -> int:
+    """A token nobody has kept keys under. An int, which Django's Redis cache
+    stores as its digits: a Lua script compares it as it is stored."""
+    return secrets.randbits(63)
 
 
-def find(prefix: str, secret_hash: str, epoch: str | None) -> ApiKey | None:
-    """A key kept under the current epoch whose digest is this secret's."""
-    if epoch is None:
-        return None
+def find(prefix: str, secret_hash: str) -> _Kept | None:
+    """The key this process keeps for this secret, and the epoch it was read
+    in (to compare with the current one), if it is not too old to use."""
     with _lock:
         kept = _kept.get(prefix)
     if (
         kept is None
-        or kept.epoch != epoch
         or time.monotonic() - kept.read_at > MAX_AGE_SECONDS
         or not hmac.compare_digest(kept.api_key.secret_hash, secret_hash)
     ):
         return None
+    return kept
+
+
+def use(kept: _Kept) -> ApiKey:
     # A copy per request: the kept instance is shared by concurrent requests.
     return copy.copy(kept.api_key)
 
 
-def keep(api_key: ApiKey, epoch: str | None) -> None:
+def keep(api_key: ApiKey, epoch: bytes | None) -> None:
     """Keep a key just read from the database (the epoch read before it)."""
     if epoch is None:
         return
@@ -116,7 +109,7 @@ def new_epoch() -> None:
     with _lock:
         _kept.clear()
     if enabled():
-        cache.set(EPOCH_KEY, uuid.uuid4().hex, timeout=EPOCH_SECONDS)
+        cache.set(EPOCH_KEY, fresh_epoch(), timeout=EPOCH_SECONDS)
 
 
 def _access_changed(sender, instance=None, update_fields=None, **kwargs) -> None:

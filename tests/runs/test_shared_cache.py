@@ -1,5 +1,6 @@
-"""What the web tier keeps in a shared cache (Redis): the request budget in one
-round trip, and verified API keys, revoked at once in every process."""
+"""What the web tier keeps in a shared cache (Redis): verified API keys, revoked
+at once in every process, and the request budget, counted in the round trip
+that checks the key is still valid."""
 
 import uuid
 
@@ -43,10 +44,7 @@ def _key_queries(queries) -> list[str]:
 
 
 def test_throttle_counts_in_redis(redis_cache, settings):
-    settings.REST_FRAMEWORK = {
-        **settings.REST_FRAMEWORK,
-        "DEFAULT_THROTTLE_RATES": {"principal": "3/minute"},
-    }
+    _budget(settings, "3/minute")
     _, client = tenant_with_client()
     statuses = [client.get("/api/v1/agents").status_code for _ in range(4)]
     assert statuses == [200, 200, 200, 429]
@@ -55,6 +53,97 @@ def test_throttle_counts_in_redis(redis_cache, settings):
     assert 0 < int(refused["Retry-After"]) <= 60
     _, other = tenant_with_client()
     assert other.get("/api/v1/agents").status_code == 200
+
+
+def _budget(settings, rate: str) -> None:
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {"principal": rate},
+    }
+
+
+def test_a_request_with_a_kept_key_is_one_round_trip_to_redis(redis_cache, monkeypatch):
+    """The address's failed authentications, the access epoch and the key's
+    budget: one script, one command."""
+    from django.core.cache import caches
+
+    _, client = tenant_with_client()
+    assert client.get("/api/v1/agents").status_code == 200
+    redis_client = caches["default"]._cache.get_client(write=True)
+    commands = []
+    execute = redis_client.execute_command
+
+    def counted(*args, **options):
+        commands.append(args[0])
+        return execute(*args, **options)
+
+    monkeypatch.setattr(redis_client, "execute_command", counted)
+    assert client.get("/api/v1/agents").status_code == 200
+    assert commands == ["EVALSHA"]
+
+
+def test_a_wrong_secret_never_counts_against_the_keys_budget(redis_cache, settings):
+    """Someone who knows a key's prefix (it is not secret) but not its secret,
+    or holds it revoked, cannot use up its owner's budget."""
+    _budget(settings, "3/minute")
+    settings.GATEHOUSE_AUTH_FAILURE_RATE = "100/minute"
+    tenant = make_tenant()
+    api_key, secret = make_api_key(tenant)
+    owner = api_client(secret)
+    assert owner.get("/api/v1/agents").status_code == 200  # now kept
+    guesser = api_client(f"{api_key.prefix}.{'x' * 40}")
+    for _ in range(5):
+        assert guesser.get("/api/v1/agents").status_code == 401
+    assert [owner.get("/api/v1/agents").status_code for _ in range(3)] == [
+        200,
+        200,
+        429,
+    ]
+    # Revoked in another process (the row changed, the epoch replaced, this
+    # process's kept key untouched): its holder is refused without counting.
+    other_key, other_secret = make_api_key(tenant)
+    holder = api_client(other_secret)
+    assert holder.get("/api/v1/agents").status_code == 200
+    ApiKey.objects.filter(pk=other_key.pk).update(revoked_at="2026-01-01T00:00Z")
+    from django.core.cache import cache, caches
+
+    cache.set(key_cache.EPOCH_KEY, key_cache.fresh_epoch())
+    for _ in range(5):
+        assert holder.get("/api/v1/agents").status_code == 401
+    backend = caches["default"]
+    window = backend.make_and_validate_key(f"throttle_principal_key:{other_key.prefix}")
+    assert backend._cache.get_client(write=True).zcard(window) == 1
+
+
+def test_failed_authentications_are_counted_in_redis(redis_cache, settings):
+    settings.GATEHOUSE_AUTH_FAILURE_RATE = "3/minute"
+    tenant = make_tenant()
+    _, secret = make_api_key(tenant)
+    guesser = api_client("gh_XXXXXXXXX.wrong")
+    statuses = [
+        guesser.get("/api/v1/agents", REMOTE_ADDR="203.0.113.9").status_code
+        for _ in range(4)
+    ]
+    assert statuses == [401, 401, 401, 429]
+    right = api_client(secret)
+    refused = right.get("/api/v1/agents", REMOTE_ADDR="203.0.113.9")
+    assert refused.status_code == 429
+    assert 0 < int(refused["Retry-After"]) <= 60
+    assert right.get("/api/v1/agents", REMOTE_ADDR="198.51.100.9").status_code == 200
+
+
+def test_the_epoch_lost_from_redis_is_started_again(redis_cache):
+    """A flushed or restarted Redis: a new epoch, under which no process has
+    kept anything, so the key is read again."""
+    from django.core.cache import cache
+
+    _, client = tenant_with_client()
+    assert client.get("/api/v1/agents").status_code == 200
+    cache.delete(key_cache.EPOCH_KEY)
+    with CaptureQueriesContext(connection) as again:
+        assert client.get("/api/v1/agents").status_code == 200
+    assert len(_key_queries(again.captured_queries)) >= 1
+    assert cache.get(key_cache.EPOCH_KEY) is not None
 
 
 def test_a_verified_key_is_not_read_again(redis_cache):
