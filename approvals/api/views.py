@@ -43,15 +43,17 @@ def _tenant_requests(request):
     return _live_requests(request.principal.tenant)
 
 
-# The decision's read of the request: found and locked in one statement, its
-# row alone (approvals.services.lifecycle), with its tenant. Compiled once per
-# process (runs.fixed_queries); the arguments are the tenant's pk and the
-# request's id.
+# The decision's read of the request: found and locked in one statement with
+# its thread, their rows alone, the request's first (the lock order of
+# approvals.services.lifecycle: Postgres locks a row's marks in the order
+# `of` names them), with its tenant; a locked row is read as it is once
+# locked, so the thread is current. Compiled once per process
+# (runs.fixed_queries); the arguments are the tenant's pk and the request's id.
 _LOCKED_REQUEST = FixedQuery(
     lambda tenant_pk, approval_id: (
         _live_requests(tenant_pk)
         .select_related("tenant")
-        .select_for_update(of=("self",), no_key=True)
+        .select_for_update(of=("self", "thread"), no_key=True)
         .filter(pk=approval_id)
         .order_by()
     ),
@@ -160,7 +162,8 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
         "Idempotency-Key.",
     )
     def post(self, request, approval_id):
-        # One transaction: the request found and locked in one read, the
+        # One transaction: the request and its thread found and locked in one
+        # read, the
         # decision, and the read of the answer that shows the payload and the
         # decisions (a read like the detail's, besides the decision itself),
         # recorded with it.

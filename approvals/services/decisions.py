@@ -116,8 +116,8 @@ def approval_decide(
     own: a caller that goes on after a refusal puts one around it. The
     request returned has `decisions_now`: its decisions, this one last, as
     `approvals.selectors.approval_view` shows them. `already_locked`: the caller
-    read `approval` locked (FOR NO KEY UPDATE OF its row) in this
-    transaction, with its tenant.
+    read `approval` and its thread locked (approvals.services.lifecycle.
+    locked_pending) in this transaction, with their tenants.
     """
     note = (note or "").strip()
     if not approved and not note:

@@ -107,8 +107,10 @@ def locked_pending(
     """The request locked, then its thread locked (the lock order above);
     StateConflict `already_decided` unless it is still pending. Call it in a
     transaction: of concurrent callers one goes ahead, the others wait and
-    then see what the first one did. `already_locked`: `approval` was read locked in
-    this transaction already (with its tenant), and is not read again."""
+    then see what the first one did. `already_locked`: `approval` and its
+    thread were read locked in this transaction already, in this order, by one
+    statement (FOR NO KEY UPDATE OF both rows), with their tenants, and are
+    not read again."""
     locked = approval
     if not already_locked:
         locked = (
@@ -120,6 +122,8 @@ def locked_pending(
         raise StateConflict(
             f"this request is already {locked.status}", code="already_decided"
         )
+    if already_locked:
+        return locked
     # The thread's row alone, FOR NO KEY UPDATE (see the module's docstring):
     # locking the tenant's row too would deadlock with every insert that
     # references the tenant, checked (FOR KEY SHARE) at its commit while it

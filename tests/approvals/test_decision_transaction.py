@@ -46,20 +46,19 @@ def test_a_decision_is_one_transaction_that_reads_each_row_once():
     released = [i for i, s in enumerate(sql) if s.startswith("RELEASE SAVEPOINT")]
     assert len(opened) == 1 and len(released) == 1, sql
     begin, commit = opened[0], released[0]
-    # The request found and locked in one read, in the transaction; the
-    # thread once (locked), the decisions once (before the new one).
+    # The request and its thread found and locked in one read, in the
+    # transaction, the request's row first (the lock order); the decisions
+    # once (before the new one).
     assert not [s for s in sql[:begin] if '"approvals_approvalrequest"' in s]
     first = sql[begin + 1]
-    assert '"approvals_approvalrequest"' in first and "FOR NO KEY UPDATE" in first
-    # (The resume's look at the thread's runs is framed on the thread's row
-    # and selects none of its columns.)
-    thread_rows = [
-        s
-        for s in sql
-        if 'FROM "runs_thread"' in s
-        and '"runs_thread"."status"' in s.split(" FROM ")[0]
-    ]
-    assert len(thread_rows) == 1, thread_rows
+    assert first.startswith("SELECT") and 'FROM "approvals_approvalrequest"' in first
+    assert first.endswith(
+        'FOR NO KEY UPDATE OF "approvals_approvalrequest", "runs_thread"'
+    ), first
+    # No other statement reads the thread's row (the resume's look at the
+    # thread's runs is framed on it and selects none of its columns).
+    thread_rows = [s for s in sql if '"runs_thread"."status"' in s.split(" FROM ")[0]]
+    assert thread_rows == [first], thread_rows
     assert _reads(captured.captured_queries, "approvals_decision") == 1
     # The read of the answer is recorded in the decision's transaction.
     audit_inserts = [
