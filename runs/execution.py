@@ -275,17 +275,17 @@ _CLAIM_RUN = _locked_run(
         ),
     }
 )
-_FINISH_THREAD = _locked_thread(lambda run_id: {"runs__pk": run_id})
-_FINISH_RUN = _locked_run(
-    lambda: {
-        "next_queued": Subquery(
-            Run.objects.filter(
-                thread_id=OuterRef("thread_id"), status=Run.Status.QUEUED
-            )
-            .order_by("created_at")
-            .values("id")[:1]
-        )
-    }
+# The finish's one query: the run with its thread and tenant, the thread and
+# the run locked, in this order (a statement's FOR ... OF locks each row in
+# the order it names the tables: _claim's lock order).
+_FINISH = FixedQuery(
+    lambda run_id: (
+        Run.objects.select_related("thread__tenant")
+        .select_for_update(of=("thread", "self"), no_key=True)
+        .filter(pk=run_id, thread__deleted_at__isnull=True)
+        .order_by()
+    ),
+    _SAMPLE_RUN_ID,
 )
 
 
@@ -594,13 +594,12 @@ def _record_end(
 ) -> None:
     run_pk = uuid.UUID(str(run_id))  # the compiled queries take a UUID
     with transaction.atomic():
-        thread = _first(_FINISH_THREAD(run_pk))
-        if thread is None:
-            return  # deleted while running: nothing left to record
-        # The thread's next queued run read with it (see _claim: with the
-        # thread locked, none is queued meanwhile).
-        run = _the_run(_FINISH_RUN(run_pk))
-        run.thread = thread  # the locked row: receivers read run.thread
+        # Both rows in one round trip, each read as it is once locked,
+        # whatever committed while the statement waited for the lock.
+        run = _first(_FINISH(run_pk))
+        if run is None:
+            return  # its thread deleted while running: nothing left to record
+        thread = run.thread  # the locked row: receivers read run.thread
         if run.lease_owner != owner or run.status != Run.Status.RUNNING:
             logger.warning(
                 "run %s: finished after losing its lease; not recorded", run_id
@@ -663,11 +662,17 @@ def _record_end(
                 (thread, ("status", "gated_nodes", "updated_at")),
             ],
         )
-        if run.next_queued is not None:
-            dispatch.run_dispatch(run.next_queued)
         end = _end_event(run, outcome, error)
         # Its waiting clients first, the webhooks' look-ups after (runs.wakeups).
         wakeups.on_commit(lambda: publisher.publish(streaming.END, end))
+        # Then the thread's next queued run, looked up once this commits: in
+        # the locking statement, a subquery would read the runs as of the
+        # statement's start, before a run queued while it waited for the
+        # thread's lock (that run's claim, finding this one running, left it
+        # to this finish). Off the path to the waiting client, a round trip
+        # that was on it; a lookup lost to an outage leaves the run to the
+        # recovery sweep, as a lost dispatch does.
+        wakeups.on_commit(lambda: dispatch.thread_dispatch_next(thread))
 
 
 def execute(run_id: str) -> None:

@@ -64,10 +64,14 @@ def test_the_claims_queries_answer_as_the_orm_does_for_each_run():
         # The second run waits for the first: the annotations are per call.
         assert [r.behind for r in execution._CLAIM_RUN(first.pk)] == [False]
         assert [r.behind for r in execution._CLAIM_RUN(second.pk)] == [True]
-        (finish,) = execution._FINISH_RUN(first.pk)
-        assert finish.next_queued == second.pk
-        assert execution._FINISH_THREAD(first.pk)[0].pk == thread.pk
+        (finish,) = execution._FINISH(first.pk)
+        (orm,) = execution._FINISH.build(first.pk)
+        assert _fields(finish) == _fields(orm)
+        # select_related: the thread and its tenant come with the run.
+        assert _fields(finish.thread) == _fields(thread)
+        assert _fields(finish.thread.tenant) == _fields(tenant)
         assert execution._CLAIM_THREAD(uuid.uuid4()) == []
+        assert execution._FINISH(uuid.uuid4()) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -183,9 +187,8 @@ def test_the_claims_queries_and_save_fields_on_sqlite_the_embedded_mode():
         assert [r.behind for r in execution._CLAIM_RUN(second.pk, using="sqlite")] == [
             True
         ]
-        (finish,) = execution._FINISH_RUN(first.pk, using="sqlite")
-        assert finish.next_queued == second.pk
-        assert execution._FINISH_THREAD(first.pk, using="sqlite")[0].pk == thread.pk
+        (finish,) = execution._FINISH(first.pk, using="sqlite")
+        assert finish.thread.pk == thread.pk and finish.thread.tenant.pk == tenant.pk
         assert execution._CLAIM_THREAD(uuid.uuid4(), using="sqlite") == []
 
         first.status, first.next_nodes, first.error = "failed", ["ask"], b"\x00sealed"

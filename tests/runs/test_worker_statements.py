@@ -8,14 +8,18 @@ take the run first. The checkpoint store writes on LangGraph's executor
 threads (their connections are not counted here: bench/peers.py counts
 everything)."""
 
+import threading
+import time
+
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
-from runs import dispatch, execution
-from runs.models import Run, ToolCall
+from runs import dispatch, execution, streaming
+from runs.crypto import ThreadCipher
+from runs.models import Run, Thread, ToolCall
 from runs.signals import InterruptRejected, run_interrupted
 from tests.factories import tenant_with_client
 
@@ -95,7 +99,12 @@ def test_a_runs_bookkeeping_writes_are_each_one_statement_with_their_event(
     assert len(_statements(sql, "WITH w0 AS (UPDATE", "runs_run")) == 2
     assert not _statements(sql, "UPDATE", "runs_run")
     assert not _statements(sql, "UPDATE", "runs_thread")
-    assert len([s for s in sql if s.startswith('SELECT "runs_run"')]) == 2
+    # The claim's locking read of the run, the finish's of the run with its
+    # thread, and the finish's look-up of the thread's next queued run after
+    # its commit.
+    assert len([s for s in sql if s.startswith('SELECT "runs_run"')]) == 3
+    finish_lock = 'FOR NO KEY UPDATE OF "runs_thread", "runs_run"'
+    assert len([s for s in sql if s.endswith(finish_lock)]) == 1
     assert len(with_event) == 6 and not [s for s in sql if s.startswith("SAVEPOINT")]
     # The claim and the finish: nothing for the ledger, and nothing for the
     # downstream systems' inserts (the demo's payment provider and outbox),
@@ -210,3 +219,62 @@ def test_the_start_and_the_decision_save_their_rows_with_their_events(dispatched
         "run.queued",
         "approval.read",
     ]
+
+
+def test_a_run_queued_while_the_finish_waits_for_the_thread_is_dispatched(
+    dispatched,
+):
+    """The finish locks the run and its thread in one statement; a run queued
+    by a transaction that held the thread's lock meanwhile (its claim found
+    this run still running, and left it to this finish) is looked up after
+    the finish commits: a subquery of the locking statement would read the
+    runs as they were when the statement started, without it."""
+    tenant, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t-1", "agent": "refund"}, format="json"
+    )
+    client.post("/api/v1/threads/t-1/runs", {"input": REFUND_INPUT}, format="json")
+    run_id = dispatched.pop()
+    owner = execution.new_lease_owner()
+    run, thread = execution._claim(run_id, owner)
+    publisher = streaming.Publisher(
+        run_id=run.id, attempt=run.attempts, cipher=ThreadCipher.for_thread(thread)
+    )
+    held, queued = threading.Event(), []
+
+    def queue_behind_the_lock():
+        try:
+            with transaction.atomic():
+                locked = Thread.objects.select_for_update(no_key=True).get(pk=thread.pk)
+                queued.append(
+                    Run.objects.create(
+                        tenant=tenant,
+                        thread=locked,
+                        kind=Run.Kind.START,
+                        agent_version=run.agent_version,
+                    ).pk
+                )
+                held.set()
+                # Until the finish waits for the thread's lock.
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and not _waits_for_a_lock():
+                    time.sleep(0.01)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=queue_behind_the_lock)
+    holder.start()
+    assert held.wait(10)
+    execution._finish(run_id, owner, execution.Outcome(), publisher)
+    holder.join()
+    assert Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED
+    assert [str(pk) for pk in dispatched] == [str(pk) for pk in queued]
+
+
+def _waits_for_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+            "current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0] > 0
