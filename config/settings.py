@@ -373,6 +373,12 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {
         "principal": env.str("GATEHOUSE_THROTTLE_RATE", default="600/minute")
     },
+    # A client's address for the throttles (DRF's get_ident) is REMOTE_ADDR:
+    # behind a proxy, uvicorn sets it from the X-Forwarded-For of the proxies
+    # FORWARDED_ALLOW_IPS trusts. Unset, DRF would take the whole header as
+    # the address, and a client sending its own would get a fresh window of
+    # failed authentications (and an anonymous budget) per request.
+    "NUM_PROXIES": 0,
     "EXCEPTION_HANDLER": "runs.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "runs.api.schema.GatehouseAutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

@@ -361,3 +361,19 @@ def test_failed_authentication_is_throttled_per_client_address():
     right = api_client(secret)
     assert right.get("/api/v1/agents", REMOTE_ADDR="203.0.113.7").status_code == 429
     assert right.get("/api/v1/agents", REMOTE_ADDR="198.51.100.2").status_code == 200
+
+
+@override_settings(GATEHOUSE_AUTH_FAILURE_RATE="3/minute")
+def test_a_client_cannot_pick_its_own_address_with_x_forwarded_for():
+    """DRF took the whole X-Forwarded-For as the address unless NUM_PROXIES is
+    set: a guesser sending a new one per request was never throttled. The
+    address is REMOTE_ADDR (set by uvicorn from the trusted proxies' header)."""
+    make_tenant()
+    guesser = api_client("gh_XXXXXXXXX.wrong")
+    statuses = [
+        guesser.get(
+            "/api/v1/agents", REMOTE_ADDR="203.0.113.8", HTTP_X_FORWARDED_FOR=f"10.0.0.{i}"
+        ).status_code
+        for i in range(5)
+    ]
+    assert statuses == [401, 401, 401, 429, 429]
