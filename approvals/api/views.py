@@ -47,14 +47,17 @@ def _tenant_requests(request):
 # its thread, their rows alone, the request's first (the lock order of
 # approvals.services.lifecycle: Postgres locks a row's marks in the order
 # `of` names them), with its tenant; a locked row is read as it is once
-# locked, so the thread is current. Compiled once per process
-# (runs.fixed_queries); the arguments are the tenant's pk and the request's id.
+# locked, so the thread is current. Only while pending: a request no longer
+# pending is refused without waiting for its thread, whose holder (a worker
+# re-opening the request, a migration moving it) may be waiting for the
+# request's row. Compiled once per process (runs.fixed_queries); the
+# arguments are the tenant's pk and the request's id.
 _LOCKED_REQUEST = FixedQuery(
     lambda tenant_pk, approval_id: (
         _live_requests(tenant_pk)
         .select_related("tenant")
         .select_for_update(of=("self", "thread"), no_key=True)
-        .filter(pk=approval_id)
+        .filter(pk=approval_id, status=ApprovalRequest.Status.PENDING)
         .order_by()
     ),
     -1,
@@ -169,8 +172,13 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
         # recorded with it.
         with transaction.atomic():
             found = _LOCKED_REQUEST(request.principal.tenant.pk, approval_id)
-            if not found:
-                raise Http404
+            locked = bool(found)
+            if not locked:
+                # Not pending (or not there): approval_decide locks the row
+                # alone and answers 409 `already_decided`.
+                found = _tenant_requests(request).filter(pk=approval_id)[:1]
+                if not found:
+                    raise Http404
             approval = found[0]
             body = DecideSerializer(data=request.data)
             body.is_valid(raise_exception=True)
@@ -181,7 +189,7 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
             )
             approval, run = approval_decide(
                 approval=approval,
-                already_locked=True,
+                already_locked=locked,
                 reviewer=reviewer,
                 approved=body.validated_data["approved"],
                 note=body.validated_data["note"],
