@@ -124,6 +124,39 @@ def instrument() -> None:
     )
 
 
+FUNCTIONS: dict[str, list[tuple[float, float]]] = defaultdict(list)
+
+
+def watch(names: list[str]) -> None:
+    """Time each call of the functions named "module:qualname" (a method as
+    Class.name) while a decision is measured: inclusive wall and CPU."""
+    import importlib
+
+    for name in names:
+        module_name, _, qualname = name.partition(":")
+        owner = importlib.import_module(module_name)
+        *path, attr = qualname.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        original = getattr(owner, attr)
+
+        def timed(*args, _original=original, _name=qualname, **kwargs):
+            w0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                if TL.on:
+                    FUNCTIONS[_name].append(
+                        (time.perf_counter() - w0, time.process_time() - c0)
+                    )
+
+        setattr(owner, attr, timed)
+        # and wherever it was imported by name
+        for module in list(sys.modules.values()):
+            if getattr(module, "__dict__", {}).get(attr) is original:
+                setattr(module, attr, timed)
+
+
 async def call(method: str, path: str, secret: str, body=None):
     """One request through the ASGI application; (status, body, time sent)."""
     payload = json.dumps(body).encode() if body is not None else b""
@@ -224,12 +257,13 @@ def _ms(values) -> float:
     return statistics.median(values) * 1000
 
 
-async def main(n: int, warm: int, show: bool) -> None:
+async def main(n: int, warm: int, show: bool, watched: list[str]) -> None:
     from asgiref.sync import sync_to_async
 
     tenant, secret = await sync_to_async(setup_tenant, thread_sensitive=False)()
     redis.Redis.from_url(BROKER).flushdb()
     instrument()
+    watch(watched)
     wholes, cpus, pythons = [], [], []
     positions = defaultdict(list)
     stamp = int(time.time())
@@ -248,6 +282,7 @@ async def main(n: int, warm: int, show: bool) -> None:
         TL.on = False
         assert status == 200, body
         if i < warm:
+            FUNCTIONS.clear()
             continue
         items = TL.items
         wholes.append(answered - w0)
@@ -287,6 +322,11 @@ async def main(n: int, warm: int, show: bool) -> None:
         print(
             f"{key[0]:4d} {at:6.2f} {gw:5.2f}/{gc:5.2f} {cw:6.2f}/{cc:5.2f}  {key[1]}"
         )
+    for name, values in FUNCTIONS.items():
+        print(
+            f"  {name}: {len(values) / len(wholes):.0f} call(s) per decision, each "
+            f"wall {_ms([v[0] for v in values]):.3f} cpu {_ms([v[1] for v in values]):.3f}"
+        )
 
 
 if __name__ == "__main__":
@@ -294,5 +334,8 @@ if __name__ == "__main__":
     parser.add_argument("-n", type=int, default=60)
     parser.add_argument("--warm", type=int, default=5)
     parser.add_argument("--show", action="store_true")
+    parser.add_argument(
+        "--watch", action="append", default=[], help="module:qualname, timed per call"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.warm, args.show))
+    asyncio.run(main(args.n, args.warm, args.show, args.watch))
