@@ -207,13 +207,16 @@ Write = tuple[str, Sequence[Any]]
 
 
 def record_with_write(
-    *writes: Write, **about: Any
+    *writes: Write, then: Sequence[dict[str, Any]] = (), **about: Any
 ) -> tuple[AuditEvent | None, list[tuple]]:
     """Run `writes` (each SQL and its parameters: an INSERT, UPDATE or DELETE
     with a RETURNING clause) and record the event they are about (`about`:
     record()'s keywords), atomically:
-    the event and the rows the first write returned. One write that returns
-    no row records nothing and uses no number: (None, []); with several,
+    the event and the rows the first write returned. `then`: the keywords
+    of further events of the same tenant, recorded after it (numbered next,
+    in order) with it, in its statement; none of them if it records none.
+    One write that returns no row records nothing and uses no number:
+    (None, []); with several,
     each must return a row (DatabaseError otherwise, like a save that finds
     no row, with the caller's transaction marked to roll back, so a caller
     that catches it still commits none of them), and they need a
@@ -238,6 +241,9 @@ def record_with_write(
             raise ValueError(f"record_with_write needs RETURNING: {sql[:80]}")
     event = _event(**about)  # record()'s keywords
     tenant = event.tenant
+    further = [_event(**keywords) for keywords in then]
+    if any(other.tenant_id != event.tenant_id for other in further):
+        raise ValueError("record_with_write records events of one tenant")
     autocommit = connection.get_autocommit()
     if (
         connection.vendor != "postgresql"
@@ -254,14 +260,21 @@ def record_with_write(
                 if len(writes) > 1:
                     raise _partial_write()
                 return None, []
-            _insert(event)
+            for recorded in (event, *further):
+                _insert(recorded)
         return event, returned[0]
     sql, fields = _writes_and_insert_sequenced_statement(
-        tuple(sql for sql, _ in writes)
+        tuple(sql for sql, _ in writes), 1 + len(further)
     )
+    now = timezone.now()
     params = [
         *(param for _, params in writes for param in params),
-        *_sequenced_params(event, timezone.now(), fields),
+        *_sequenced_params(event, now, fields),
+        *(
+            param
+            for other in further
+            for param in _sequenced_params(other, now, fields)[2:]
+        ),
     ]
     for _attempt in range(2):
         try:
@@ -281,9 +294,13 @@ def record_with_write(
             return None, []
         if autocommit:
             _SEQUENCED.add(tenant.pk)
-        _inserted(event, rows[0][:3])
-        _announce_on_commit(event)
-        return event, [row[4:] for row in rows]
+        # One row per event and row of the first write, by number (see
+        # _writes_and_insert_sequenced_statement).
+        per_event = len(rows) // (1 + len(further))
+        for recorded, row in zip((event, *further), rows[::per_event], strict=True):
+            _inserted(recorded, row[:3])
+            _announce_on_commit(recorded)
+        return event, [row[4:] for row in rows[:per_event]]
     raise RuntimeError(f"no audit sequence row for tenant {tenant.pk}")
 
 
@@ -348,25 +365,38 @@ def _sequenced_fields() -> tuple[models.Field, ...]:
 # time never goes back) and the insert reading from it, as CTEs `s` and the
 # statement's end; `{when}` adds a condition to the bump.
 _BUMP = (
-    "s AS (UPDATE {sequences} SET last_seq = last_seq + 1, "
+    "s AS (UPDATE {sequences} SET last_seq = last_seq + {count}, "
     "last_at = GREATEST(last_at, %s) WHERE tenant_id = %s{when} "
     "RETURNING last_seq, last_at)"
 )
 _INSERT = (
     "INSERT INTO {events} (seq, occurred_at, {columns}) "
-    "SELECT s.last_seq, s.last_at, {values} FROM s "
-    "RETURNING id, seq, occurred_at"
+    "{selects} RETURNING id, seq, occurred_at"
 )
+_SELECT = "SELECT s.last_seq{minus}, s.last_at, {values} FROM s"
 
 
-def _sequenced_parts(when: str = "") -> tuple[str, str, tuple[models.Field, ...]]:
+def _sequenced_parts(
+    when: str = "", count: int = 1
+) -> tuple[str, str, tuple[models.Field, ...]]:
+    """The bump by `count` and the insert of `count` events numbered up to
+    the sequence's new last, in the order of their parameters."""
     fields = _sequenced_fields()
     quote = connection.ops.quote_name
-    bump = _BUMP.format(sequences=quote(AuditSequence._meta.db_table), when=when)
+    bump = _BUMP.format(
+        sequences=quote(AuditSequence._meta.db_table), count=count, when=when
+    )
+    values = ", ".join(["%s"] * len(fields))
+    selects = " UNION ALL ".join(
+        _SELECT.format(
+            minus=f" - {count - 1 - i}" if i < count - 1 else "", values=values
+        )
+        for i in range(count)
+    )
     insert = _INSERT.format(
         events=quote(AuditEvent._meta.db_table),
         columns=", ".join(quote(f.column) for f in fields),
-        values=", ".join(["%s"] * len(fields)),
+        selects=selects,
     )
     return bump, insert, fields
 
@@ -379,18 +409,19 @@ def _insert_sequenced_statement() -> tuple[str, tuple[models.Field, ...]]:
 
 @cache
 def _writes_and_insert_sequenced_statement(
-    writes: tuple[str, ...],
+    writes: tuple[str, ...], count: int = 1
 ) -> tuple[str, tuple[models.Field, ...]]:
     """The writes as CTEs `w0`, `w1`...; the bump only if each returned a row
     (a write that changed nothing uses no number); then the event's columns,
-    a check, and the first write's rows.
+    a check, and the first write's rows; with `count` events, each event's
+    columns with each of those rows, by the events' numbers.
 
     The check is a division by zero where every write returned rows and no
     event was inserted (the tenant has no sequence row yet): the statement
     fails whole instead of writing without its event."""
     names = [f"w{i}" for i in range(len(writes))]
     wrote = " AND ".join(f"EXISTS (SELECT 1 FROM {name})" for name in names)
-    bump, insert, fields = _sequenced_parts(when=f" AND {wrote}")
+    bump, insert, fields = _sequenced_parts(when=f" AND {wrote}", count=count)
     ctes = ", ".join(
         f"{name} AS ({write})" for name, write in zip(names, writes, strict=True)
     )
@@ -399,6 +430,8 @@ def _writes_and_insert_sequenced_statement(
         f"SELECT e.id, e.seq, e.occurred_at, 1 / (e.id IS NOT NULL OR NOT ({wrote}))::int, "
         "w0.* FROM w0 LEFT JOIN e ON true"
     )
+    if count > 1:
+        sql += " ORDER BY e.seq"
     return sql, fields
 
 

@@ -166,10 +166,9 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
     )
     def post(self, request, approval_id):
         # One transaction: the request and its thread found and locked in one
-        # read, the
-        # decision, and the read of the answer that shows the payload and the
-        # decisions (a read like the detail's, besides the decision itself),
-        # recorded with it.
+        # read, the decision, and the read of the answer that shows the
+        # payload and the decisions (a read like the detail's, besides the
+        # decision itself), recorded with the decision, in its statement.
         with transaction.atomic():
             found = _LOCKED_REQUEST(request.principal.tenant.pk, approval_id)
             locked = bool(found)
@@ -190,6 +189,7 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
             approval, run = approval_decide(
                 approval=approval,
                 already_locked=locked,
+                read_by=actor_for(request),
                 reviewer=reviewer,
                 approved=body.validated_data["approved"],
                 note=body.validated_data["note"],
@@ -203,5 +203,4 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
                 decisions=approval.decisions_now,
                 resumed_run=resumed,
             )
-            approval_read(approval=approval, actor=actor_for(request), how="decision")
         return Response(body)

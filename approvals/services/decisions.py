@@ -28,6 +28,7 @@ from approvals.services.lifecycle import (
 from approvals.services.requests import safe_args
 from audit import events
 from audit.redaction import describe, digest
+from audit.services import Actor
 from runs.actions import higher_risk
 from runs.crypto import ThreadCipher
 from runs.errors import InvalidRequest, StateConflict
@@ -98,6 +99,7 @@ def approval_decide(
     plan: dict[str, Any] | None = None,
     seen_args: dict[str, Any] | None = None,
     already_locked: bool = False,
+    read_by: Actor | None = None,
 ) -> tuple[ApprovalRequest, Run | None]:
     """Record one decision; the one that settles the request resumes the run.
 
@@ -117,7 +119,9 @@ def approval_decide(
     request returned has `decisions_now`: its decisions, this one last, as
     `approvals.selectors.approval_view` shows them. `already_locked`: the caller
     read `approval` and its thread locked (approvals.services.lifecycle.
-    locked_pending) in this transaction, with their tenants.
+    locked_pending) in this transaction, with their tenants. `read_by`: the caller answers with the request's
+    content (the API's decision): its `approval.read` is recorded with the
+    decision's event, in its statement.
     """
     note = (note or "").strip()
     if not approved and not note:
@@ -210,6 +214,7 @@ def approval_decide(
         kind=events.APPROVAL_DECIDED,
         actor=reviewer.actor,
         writes=writes,
+        read_by=read_by,
         verdict=verdict,
         reviewer=reviewer.shown[:200],
         edit=edit_text[:200],

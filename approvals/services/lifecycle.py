@@ -37,22 +37,12 @@ from runs.services import run_resume, run_resume_locked, thread_locked
 SYSTEM = Actor.system("approval escalation")
 
 
-def approval_event(
-    *,
-    approval: ApprovalRequest,
-    kind,
-    actor: Actor,
-    run_id=None,
-    writes: Sequence[Write] = (),
-    **data,
-) -> list[tuple]:
-    """Record an event about an approval request, in the caller's transaction:
-    every such event names the request, its thread, run and action. With
-    `writes` (each SQL and its parameters, with RETURNING), the writes it
-    records, in one statement with it where they can be
-    (audit.services.record_with_write): the rows the first write returned;
-    none, and no event, if one write returned none."""
-    about = {
+def _about(
+    *, approval: ApprovalRequest, kind, actor: Actor, run_id=None, **data
+) -> dict[str, Any]:
+    """record()'s keywords for an event about the request: every such event
+    names the request, its thread, run and action."""
+    return {
         "tenant": approval.tenant,
         "kind": kind,
         "actor": actor,
@@ -61,10 +51,44 @@ def approval_event(
         "action": approval.action,
         "data": {"approval_id": str(approval.pk), "action": approval.action, **data},
     }
+
+
+def approval_event(
+    *,
+    approval: ApprovalRequest,
+    kind,
+    actor: Actor,
+    run_id=None,
+    writes: Sequence[Write] = (),
+    read_by: Actor | None = None,
+    **data,
+) -> list[tuple]:
+    """Record an event about an approval request, in the caller's transaction.
+    With `writes` (each SQL and its parameters, with RETURNING), the writes it
+    records, in one statement with it where they can be
+    (audit.services.record_with_write): the rows the first write returned;
+    none, and no event, if one write returned none. `read_by`: the caller
+    answers with the request's content, which `read_by` reads
+    (approval_read, how "decision"): that event is recorded next, with it."""
+    about = _about(approval=approval, kind=kind, actor=actor, run_id=run_id, **data)
+    read = [_read(approval, read_by, "decision")] if read_by is not None else []
     if writes:
-        return record_with_write(*writes, **about)[1]
-    record(**about)
+        return record_with_write(*writes, then=read, **about)[1]
+    for keywords in (about, *read):
+        record(**keywords)
     return []
+
+
+def _read(
+    approval: ApprovalRequest, actor: Actor, how: str, checkpoint_id: str = ""
+) -> dict[str, Any]:
+    return _about(
+        approval=approval,
+        kind=events.APPROVAL_READ,
+        actor=actor,
+        how=how,
+        checkpoint_id=checkpoint_id,
+    )
 
 
 def approval_read(
@@ -72,15 +96,10 @@ def approval_read(
 ) -> None:
     """Audit one `approval.read` event for a response that decrypts the
     request's content: `how` says which ("detail" and "decision" over the
-    API; "card" on the desk, which also shows the thread's state at
+    API: the decision's is recorded with it, approval_event's `read_by`;
+    "card" on the desk, which also shows the thread's state at
     `checkpoint_id`)."""
-    approval_event(
-        approval=approval,
-        kind=events.APPROVAL_READ,
-        actor=actor,
-        how=how,
-        checkpoint_id=checkpoint_id,
-    )
+    record(**_read(approval, actor, how, checkpoint_id))
 
 
 def approval_payloads_read(*, approvals: list[ApprovalRequest], actor: Actor) -> None:

@@ -1,6 +1,8 @@
 """record_with_write(): a write and the event about it, atomically, in one
 statement outside a transaction."""
 
+import contextlib
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection, transaction
@@ -8,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from audit import events
 from audit.models import AuditEvent, AuditSequence
-from audit.services import Actor, record_with_write
+from audit.services import Actor, audit_verify, record_with_write
 from runs.models import Tenant
 from tests.audit.helpers import seqs_of
 from tests.factories import make_tenant
@@ -72,6 +74,76 @@ def test_in_a_transaction_it_joins_it_and_rolls_back_with_it():
     assert Tenant.objects.get(pk=tenant.pk).name != "rolled back"
     event, _ = _rename(tenant, "kept")
     assert event.seq == 2 and seqs_of(tenant) == [1, 2]
+
+
+def _rename_then(tenant: Tenant, name: str, *, where_id=None, then: int = 2):
+    return record_with_write(
+        (RENAME, [name, tenant.pk if where_id is None else where_id]),
+        tenant=tenant,
+        kind=events.TENANT_CREATED,
+        actor=SYSTEM,
+        data={"slug": name},
+        then=[
+            {
+                "tenant": tenant,
+                "kind": events.TENANT_CREATED,
+                "actor": SYSTEM,
+                "data": {"slug": f"{name}-then-{n}"},
+            }
+            for n in range(then)
+        ],
+    )
+
+
+@pytest.mark.parametrize("atomic", [False, True], ids=["autocommit", "transaction"])
+def test_further_events_are_numbered_next_in_the_same_statement(atomic):
+    tenant = make_tenant()  # seq 1, its sequence row committed
+    within = transaction.atomic() if atomic else contextlib.nullcontext()
+    with CaptureQueriesContext(connection) as captured, within:
+        event, rows = _rename_then(tenant, "renamed")
+    writes = [q for q in captured.captured_queries if q["sql"].startswith("WITH")]
+    assert len(writes) == 1, captured.captured_queries
+    assert rows == [(tenant.pk,)] and event.seq == 2
+    recorded = list(
+        AuditEvent.objects.filter(tenant=tenant, seq__gt=1)
+        .order_by("seq")
+        .values_list("seq", "data")
+    )
+    assert recorded == [
+        (2, {"slug": "renamed"}),
+        (3, {"slug": "renamed-then-0"}),
+        (4, {"slug": "renamed-then-1"}),
+    ]
+    assert AuditSequence.objects.get(tenant=tenant).last_seq == 4
+    assert audit_verify(tenant=tenant).ok
+
+
+def test_further_events_are_not_recorded_without_the_write():
+    tenant = make_tenant()
+    assert _rename_then(tenant, "nobody", where_id=-1) == (None, [])
+    assert seqs_of(tenant) == [1]
+    assert AuditSequence.objects.get(tenant=tenant).last_seq == 1
+
+
+def test_further_events_of_another_tenant_are_refused():
+    tenant, other = make_tenant(), make_tenant()
+    with pytest.raises(ValueError):
+        record_with_write(
+            (RENAME, ["x", tenant.pk]),
+            tenant=tenant,
+            kind=events.TENANT_CREATED,
+            actor=SYSTEM,
+            data={"slug": "x"},
+            then=[
+                {
+                    "tenant": other,
+                    "kind": events.TENANT_CREATED,
+                    "actor": SYSTEM,
+                    "data": {"slug": "y"},
+                }
+            ],
+        )
+    assert seqs_of(tenant) == [1] and seqs_of(other) == [1]
 
 
 RESLUG = 'UPDATE "runs_tenant" SET "slug" = %s WHERE "id" = %s RETURNING "id"'

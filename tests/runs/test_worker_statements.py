@@ -216,8 +216,8 @@ def test_the_start_and_the_decision_save_their_rows_with_their_events(dispatched
     events = AuditEvent.objects.for_tenant(tenant).order_by("seq")
     assert list(events.values_list("kind", flat=True))[-3:] == [
         "approval.decided",
-        "run.queued",
         "approval.read",
+        "run.queued",
     ]
 
 
