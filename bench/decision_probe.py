@@ -1,16 +1,23 @@
-"""The decision POST as the web process serves it, statement by statement.
+"""A request of the benchmark's flow as the web process serves it, statement
+by statement: by default the decision POST; `create-thread`, `start-run`,
+`find-approval` (the approvals list filtered to the thread) and `wait-run`
+(the run's GET with `?wait=`) too.
 
 In one process: production settings (the database pool on, the Redis cache
 and broker), the ASGI application of config/asgi.py called directly (no
-socket), and for each iteration a refund thread run in-process up to its
-approval gate (runs.execution.execute), then decided. Every SQL statement
+socket), and for each iteration what the request needs made first (a
+thread; a run queued; a refund thread run in-process up to its approval gate,
+runs.execution.execute), then the request. Every SQL statement
 (psycopg, so the checkpointer's too), every Redis command, the commit and
 its on-commit callbacks are listed in order with their wall and CPU
 (time.process_time) time and the Python time before each; then the medians
-over all iterations, per position.
+over all iterations, per position. `wait-run` executes the queued run while
+the request waits (runs.streaming.stopped): the wait is one line, left out of
+the request's wall and CPU.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/gh_NAME \
-    CELERY_BROKER_URL=redis://127.0.0.1:6379/N python bench/decision_probe.py [-n 60]
+    CELERY_BROKER_URL=redis://127.0.0.1:6379/N \
+    python bench/decision_probe.py [REQUEST] [-n 60]
 
 Migrates the database it is given; leaves its rows there. The broker's
 messages are never consumed (no worker): it flushes that Redis database.
@@ -129,7 +136,7 @@ FUNCTIONS: dict[str, list[tuple[float, float]]] = defaultdict(list)
 
 def watch(names: list[str]) -> None:
     """Time each call of the functions named "module:qualname" (a method as
-    Class.name) while a decision is measured: inclusive wall and CPU."""
+    Class.name) while a request is measured: inclusive wall and CPU."""
     import importlib
 
     for name in names:
@@ -155,6 +162,47 @@ def watch(names: list[str]) -> None:
         for module in list(sys.modules.values()):
             if getattr(module, "__dict__", {}).get(attr) is original:
                 setattr(module, attr, timed)
+
+
+class Profiled:
+    """cProfile (CPU time) of the request's synchronous part (what Django and
+    DRF run in asgiref's threads), and apart of the event loop's part."""
+
+    def __init__(self) -> None:
+        import cProfile
+
+        self.profile = cProfile.Profile(time.thread_time)
+        self.loop = cProfile.Profile(time.thread_time)
+        self.installed = False
+
+    def install(self) -> None:
+        from asgiref.sync import SyncToAsync
+
+        original = SyncToAsync.thread_handler
+        profile = self.profile
+
+        def thread_handler(*args, **kwargs):
+            if not TL.on:
+                return original(*args, **kwargs)
+            profile.enable()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                profile.disable()
+
+        SyncToAsync.thread_handler = thread_handler
+        self.installed = True
+
+    def report(self, lines: int = 45, callers: list[str] = ()) -> None:
+        import pstats
+
+        for title, profile in (("event loop", self.loop), ("sync", self.profile)):
+            print(f"\n=== {title} ===")
+            stats = pstats.Stats(profile).strip_dirs()
+            stats.sort_stats("cumulative").print_stats(lines)
+            stats.sort_stats("tottime").print_stats(lines)
+            for name in callers:
+                stats.print_callers(name)
 
 
 async def call(method: str, path: str, secret: str, body=None):
@@ -223,70 +271,164 @@ def setup_tenant():
     return tenant, issued.secret
 
 
-async def gated(secret: str, case: str) -> str:
+INPUT = {
+    "customer_message": "My blender arrived damaged, please refund me.",
+    "order": {"id": "A-1", "amount": "40.00", "currency": "EUR"},
+}
+
+
+async def _ok(expected: int, method: str, path: str, secret: str, body=None):
+    status, answer, _ = await call(method, path, secret, body)
+    assert status == expected, (method, path, status, answer)
+    return answer
+
+
+async def _thread(secret: str, case: str) -> None:
+    body = {"thread_id": case, "agent": "refund"}
+    await _ok(201, "POST", "/api/v1/threads", secret, body)
+
+
+async def _started(secret: str, case: str) -> str:
+    await _thread(secret, case)
+    path = f"/api/v1/threads/{case}/runs"
+    return (await _ok(202, "POST", path, secret, {"input": INPUT}))["run_id"]
+
+
+async def _execute(run_id: str) -> None:
     from asgiref.sync import sync_to_async
 
     from runs import execution
 
-    status, _, _ = await call(
-        "POST", "/api/v1/threads", secret, {"thread_id": case, "agent": "refund"}
-    )
-    assert status == 201, status
-    status, run, _ = await call(
-        "POST",
-        f"/api/v1/threads/{case}/runs",
-        secret,
-        {
-            "input": {
-                "customer_message": "My blender arrived damaged, please refund me.",
-                "order": {"id": "A-1", "amount": "40.00", "currency": "EUR"},
-            }
-        },
-    )
-    assert status == 202, (status, run)
-    await sync_to_async(execution.execute, thread_sensitive=False)(run["run_id"])
+    await sync_to_async(execution.execute, thread_sensitive=False)(run_id)
+
+
+def _approvals_path(case: str) -> str:
     from urllib.parse import urlencode
 
     query = urlencode({"thread_id": case, "status": "pending"})
-    status, page, _ = await call("GET", f"/api/v1/approvals?{query}", secret)
-    assert status == 200, page
+    return f"/api/v1/approvals?{query}"
+
+
+async def _gated(secret: str, case: str) -> str:
+    """A refund thread run to its approval gate: the request's id."""
+    await _execute(await _started(secret, case))
+    page = await _ok(200, "GET", _approvals_path(case), secret)
     return page["results"][0]["id"]
+
+
+# The requests of the benchmark's flow (bench/peers_gatehouse.py), each as
+# what it needs made first and the request itself: (method, path, body,
+# expected status).
+async def _create_thread(secret: str, case: str):
+    return "POST", "/api/v1/threads", {"thread_id": case, "agent": "refund"}, 201
+
+
+async def _start_run(secret: str, case: str):
+    await _thread(secret, case)
+    return "POST", f"/api/v1/threads/{case}/runs", {"input": INPUT}, 202
+
+
+async def _find_approval(secret: str, case: str):
+    await _execute(await _started(secret, case))
+    return "GET", _approvals_path(case), None, 200
+
+
+async def _wait_run(secret: str, case: str):
+    """The run's GET with `?wait=` on a queued run, executed in-process while
+    the request waits (the wait excluded from the figures: see waited)."""
+    run_id = await _started(secret, case)
+    WAIT.run_id = run_id
+    return "GET", f"/api/v1/threads/{case}/runs/{run_id}?wait=10", None, 200
+
+
+async def _decision(secret: str, case: str):
+    approval_id = await _gated(secret, case)
+    body = {"approved": True, "reviewer": "probe"}
+    return "POST", f"/api/v1/approvals/{approval_id}/decision", body, 200
+
+
+REQUESTS = {
+    "create-thread": _create_thread,
+    "start-run": _start_run,
+    "find-approval": _find_approval,
+    "wait-run": _wait_run,
+    "decision": _decision,
+}
+
+
+class Wait:
+    """The wait of a run's GET (runs.streaming.stopped), during which the run
+    executes in this process: left out of the timeline and of the request's
+    CPU; the request goes on once the execution is over."""
+
+    run_id: str | None = None
+    wall = cpu = 0.0
+
+    def install(self) -> None:
+        from runs import streaming
+
+        original = streaming.stopped
+
+        async def waited(*args, **kwargs):
+            on, TL.on = TL.on, False
+            w0, c0 = time.perf_counter(), time.process_time()
+            waiting = asyncio.ensure_future(original(*args, **kwargs))
+            await asyncio.sleep(0.005)  # subscribed before the run starts
+            await _execute(self.run_id)
+            await waiting
+            self.wall += time.perf_counter() - w0
+            self.cpu += time.process_time() - c0
+            TL.on = on
+            TL.mark("WAIT (the run executed meanwhile: left out)", w0, c0)
+
+        streaming.stopped = waited
+
+
+WAIT = Wait()
+PROFILE_CALLERS = [c for c in os.environ.get("PROBE_CALLERS", "").split(",") if c]
 
 
 def _ms(values) -> float:
     return statistics.median(values) * 1000
 
 
-async def main(n: int, warm: int, show: bool, watched: list[str]) -> None:
+async def main(
+    request: str, n: int, warm: int, show: bool, watched: list[str], profile: bool
+) -> None:
     from asgiref.sync import sync_to_async
 
     tenant, secret = await sync_to_async(setup_tenant, thread_sensitive=False)()
     redis.Redis.from_url(BROKER).flushdb()
     instrument()
     watch(watched)
+    WAIT.install()
+    profiled = Profiled() if profile else None
+    prepare = REQUESTS[request]
     wholes, cpus, pythons = [], [], []
     positions = defaultdict(list)
     stamp = int(time.time())
     for i in range(n + warm):
-        approval_id = await gated(secret, f"p{stamp}-{i}")
+        method, path, payload, expected = await prepare(secret, f"p{stamp}-{i}")
         TL.items = []
         TL.on = True
+        WAIT.wall = WAIT.cpu = 0.0
+        if profiled is not None and profiled.installed:
+            profiled.loop.enable()
         w0, c0 = time.perf_counter(), time.process_time()
-        status, body, answered = await call(
-            "POST",
-            f"/api/v1/approvals/{approval_id}/decision",
-            secret,
-            {"approved": True, "reviewer": "probe"},
-        )
+        status, body, answered = await call(method, path, secret, payload)
         c1 = time.process_time()
+        if profiled is not None:
+            profiled.loop.disable()
         TL.on = False
-        assert status == 200, body
+        assert status == expected, (status, body)
         if i < warm:
             FUNCTIONS.clear()
             continue
+        if profiled is not None and i == warm:
+            profiled.install()
         items = TL.items
-        wholes.append(answered - w0)
-        cpus.append(c1 - c0)
+        wholes.append(answered - w0 - WAIT.wall)
+        cpus.append(c1 - c0 - WAIT.cpu)
         calls = [it for it in items if not it[0].startswith("[")]
         pythons.append((c1 - c0) - sum(it[4] - it[3] for it in calls))
         previous = (w0, c0)
@@ -308,9 +450,10 @@ async def main(n: int, warm: int, show: bool, watched: list[str]) -> None:
                 print(f"{(a - w0) * 1000:7.2f} {(b - a) * 1000:5.2f}w {label[:140]}")
         if i % 20 == 0:
             redis.Redis.from_url(BROKER).flushdb()
-    print(f"\n{len(wholes)} decisions; medians, ms")
+    print(f"\n{len(wholes)} × {request}; medians, ms (a wait left out)")
     print(
         f"request → answered (wall): {_ms(wholes):.2f}; request CPU {_ms(cpus):.2f} "
+        f"(mean {statistics.mean(cpus) * 1000:.2f}) "
         f"(Python outside SQL/Redis calls {_ms(pythons):.2f})"
     )
     print(" pos    at  gap(w/cpu)   call(w/cpu)  what")
@@ -322,20 +465,28 @@ async def main(n: int, warm: int, show: bool, watched: list[str]) -> None:
         print(
             f"{key[0]:4d} {at:6.2f} {gw:5.2f}/{gc:5.2f} {cw:6.2f}/{cc:5.2f}  {key[1]}"
         )
+    if profiled is not None:
+        profiled.report(callers=PROFILE_CALLERS)
     for name, values in FUNCTIONS.items():
         print(
-            f"  {name}: {len(values) / len(wholes):.0f} call(s) per decision, each "
+            f"  {name}: {len(values) / len(wholes):.0f} call(s) per request, each "
             f"wall {_ms([v[0] for v in values]):.3f} cpu {_ms([v[1] for v in values]):.3f}"
         )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
+    parser.add_argument("request", nargs="?", default="decision", choices=REQUESTS)
     parser.add_argument("-n", type=int, default=60)
     parser.add_argument("--warm", type=int, default=5)
     parser.add_argument("--show", action="store_true")
     parser.add_argument(
         "--watch", action="append", default=[], help="module:qualname, timed per call"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile the requests' sync part"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.warm, args.show, args.watch))
+    asyncio.run(
+        main(args.request, args.n, args.warm, args.show, args.watch, args.profile)
+    )
