@@ -7,6 +7,7 @@ import re
 from urllib.parse import urlencode
 
 from asgiref.sync import sync_to_async
+from django.db import transaction
 from django.http import Http404, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, generics, status
@@ -95,6 +96,17 @@ class TenantThreadMixin(IdempotentWrites):
 
     def get_thread(self) -> Thread:
         thread = selectors.live_thread(
+            self.request.principal.tenant, self.kwargs["thread_id"]
+        )
+        if thread is None:
+            raise Http404
+        return thread
+
+    def get_locked_thread(self) -> Thread:
+        """The thread, its row locked in the caller's transaction: for a
+        change of it, found and locked in one statement (where the look-up
+        and the change's own lock were two)."""
+        thread = services.live_thread_locked(
             self.request.principal.tenant, self.kwargs["thread_id"]
         )
         if thread is None:
@@ -204,16 +216,17 @@ class RunListCreateView(TenantThreadMixin, generics.ListAPIView):
         summary="Start a run (from a checkpoint: time_travel scope)",
     )
     def post(self, request, thread_id):
-        thread = self.get_thread()
-        body = validated(RunCreateSerializer, request)
-        if body.get("checkpoint_id"):
-            require_time_travel(request)
-        run = services.run_start(
-            thread=thread,
-            input=body["input"],
-            checkpoint_id=body.get("checkpoint_id", ""),
-            actor=actor_for(request),
-        )
+        with transaction.atomic():
+            thread = self.get_locked_thread()
+            body = validated(RunCreateSerializer, request)
+            if body.get("checkpoint_id"):
+                require_time_travel(request)
+            run = services.run_start_locked(
+                thread=thread,
+                input=body["input"],
+                checkpoint_id=body.get("checkpoint_id", ""),
+                actor=actor_for(request),
+            )
         return queued(run)
 
 
@@ -310,11 +323,12 @@ class ResumeView(TenantThreadMixin, APIView):
         "`approval_required` naming the requests.",
     )
     def post(self, request, thread_id):
-        thread = self.get_thread()
-        body = validated(ResumeSerializer, request)
-        run = services.run_resume(
-            thread=thread, resume=body["resume"], actor=actor_for(request)
-        )
+        with transaction.atomic():
+            thread = self.get_locked_thread()
+            body = validated(ResumeSerializer, request)
+            run = services.run_resume_locked(
+                thread=thread, resume=body["resume"], actor=actor_for(request)
+            )
         return queued(run)
 
 

@@ -3,6 +3,7 @@ its audit event. Split by subject; import from here."""
 
 from runs.services.runs import (
     RunOptions,
+    live_thread_locked,
     run_cancel,
     run_cancel_active,
     run_errors_read,
@@ -11,6 +12,7 @@ from runs.services.runs import (
     run_resume_locked,
     run_retry,
     run_start,
+    run_start_locked,
     thread_close,
     thread_locked,
 )
@@ -54,6 +56,7 @@ __all__ = [
     "api_key_name_check",
     "api_key_rename",
     "api_key_revoke",
+    "live_thread_locked",
     "login_lockout_lift",
     "login_lockout_record",
     "membership_remove",
@@ -69,6 +72,7 @@ __all__ = [
     "run_resume_locked",
     "run_retry",
     "run_start",
+    "run_start_locked",
     "tenant_create",
     "tenant_update",
     "thread_close",

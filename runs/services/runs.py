@@ -39,7 +39,7 @@ from runs.graphs import (
     spec_for,
     thread_config,
 )
-from runs.models import Run, Thread
+from runs.models import Run, Tenant, Thread
 from runs.services.threads import (
     latest_continuation_check,
     run_metadata,
@@ -71,6 +71,31 @@ def thread_locked(pk: int) -> Thread:
     if not rows:
         raise Thread.DoesNotExist(f"no thread {pk}")
     return rows[0]
+
+
+# The tenant's live thread by its client's id, locked as _LOCKED_THREAD, in
+# one statement where finding it and then locking it took two (a request
+# that changes a thread: runs.api.views). A thread deleted while the
+# statement waited for the lock is not returned: Postgres checks the row
+# locked against the filter again.
+_LIVE_THREAD_LOCKED = FixedQuery(
+    lambda tenant_pk, thread_id: (
+        Thread.objects.for_tenant(tenant_pk)
+        .select_related("tenant")
+        .select_for_update(of=("self",), no_key=True)
+        .filter(thread_id=thread_id)
+        .order_by()
+    ),
+    -1,
+    "\x00sample thread id",
+)
+
+
+def live_thread_locked(tenant: Tenant, thread_id: str) -> Thread | None:
+    """The tenant's live thread `thread_id`, locked in the caller's
+    transaction and current, with its tenant; None if there is none."""
+    rows = _LIVE_THREAD_LOCKED(tenant.pk, str(thread_id))
+    return rows[0] if rows else None
 
 
 def _lock(thread: Thread) -> Thread:
@@ -239,15 +264,23 @@ def _pin_version(thread: Thread, version: str | None = None) -> None:
     # Saved with the run it pins (`_queue`, thread_fields).
 
 
+# The thread's queued and running runs, locked, oldest first: on every run
+# start (most find none), compiled once per process (runs.fixed_queries).
+_ACTIVE_RUNS_LOCKED = FixedQuery(
+    lambda pk: (
+        Run.objects.select_for_update(no_key=True)
+        .filter(thread_id=pk, status__in=Run.ACTIVE)
+        .order_by("created_at")
+    ),
+    -1,
+)
+
+
 def _make_room(thread: Thread, *, multitask: str, actor: Actor) -> bool:
     """Apply the multitask strategy to the thread's active runs, if any;
     whether there were any. Call it with the thread locked: no run of it
     starts or ends meanwhile."""
-    active = list(
-        Run.objects.select_for_update(no_key=True)
-        .filter(thread=thread, status__in=Run.ACTIVE)
-        .order_by("created_at")
-    )
+    active = _ACTIVE_RUNS_LOCKED(thread.pk)
     if not active:
         return False
     if multitask == Run.Multitask.ENQUEUE:
@@ -281,8 +314,32 @@ def run_start(
     active, `options.multitask` decides: refuse (409), queue behind it, or
     cancel it first (interrupt: keep its checkpoints; rollback: delete them).
     """
+    return run_start_locked(
+        thread=_lock(thread),
+        input=input,
+        actor=actor,
+        checkpoint_id=checkpoint_id,
+        agent=agent,
+        version=version,
+        options=options,
+    )
+
+
+def run_start_locked(
+    *,
+    thread: Thread,
+    input: dict[str, Any] | None,
+    actor: Actor,
+    checkpoint_id: str = "",
+    agent: str | None = None,
+    version: str | None = None,
+    options: RunOptions | None = None,
+) -> Run:
+    """`run_start` in the caller's transaction, which holds the thread's row
+    locked (FOR NO KEY UPDATE) and read it, live, with its tenant, after the
+    lock (live_thread_locked): no second read of the row, no savepoint of
+    its own."""
     options = options or RunOptions()
-    thread = _lock(thread)
     _bind_agent(thread, agent, version)
     if checkpoint_id:
         gates.require_no_open_request(thread, "a run from a checkpoint")

@@ -56,7 +56,7 @@ def test_a_new_thread_is_written_once_with_its_key_and_its_event():
     ).count() == 1
 
 
-def test_starting_a_run_writes_its_thread_once_and_reads_its_runs_once():
+def test_starting_a_run_reads_and_writes_its_thread_once_and_reads_its_runs_once():
     _, client = tenant_with_client()
     created = client.post(
         "/api/v1/threads", {"thread_id": "t-1", "agent": "refund"}, format="json"
@@ -70,6 +70,11 @@ def test_starting_a_run_writes_its_thread_once_and_reads_its_runs_once():
         )
     assert started.status_code == 202, started.content
     queries = captured.captured_queries
+    # Found and locked in one statement.
+    assert _statements(queries, "SELECT", "runs_thread") == 1
+    assert "FOR NO KEY UPDATE" in next(
+        q["sql"] for q in queries if q["sql"].startswith('SELECT "runs_thread"')
+    )
     # Pinned to its version and running, in one UPDATE.
     assert _statements(queries, "UPDATE", "runs_thread") == 1
     # The active runs once (locked, for the multitask strategy).
