@@ -88,12 +88,18 @@ def thread_event(
     data: dict[str, Any] | None = None,
     inserts: Sequence[Model] = (),
     saves: Sequence[tuple[Model, Sequence[str]]] = (),
-) -> None:
+    unless_taken: bool = False,
+) -> bool:
     """Record an event about a thread (and one of its runs) in the audit
     trail, in the caller's transaction; with `inserts`, new rows inserted
     with it, and with `saves`, rows and the fields to save of each, saved
     with it: in the same statement where they can be
-    (audit.services.record_with_write), one round trip instead of one each."""
+    (audit.services.record_with_write), one round trip instead of one each.
+
+    `unless_taken`, with one row in `inserts` and no `saves`: if a row with
+    the same unique key is there already, nothing is written and no event
+    recorded, and the answer is False (True otherwise). The statement then
+    needs no transaction: outside one, it is its own."""
     event = {
         "tenant": thread.tenant,
         "kind": kind,
@@ -102,20 +108,27 @@ def thread_event(
         "run_id": str(run.id) if run is not None else "",
         "data": data,
     }
-    writes = [insert_statement(row) for row in inserts]
+    if unless_taken and (len(inserts) != 1 or saves):
+        raise ValueError("unless_taken is for one insert alone")
+    writes = [insert_statement(row, ignore_conflicts=unless_taken) for row in inserts]
     writes += [update_statement(row, fields) for row, fields in saves]
     if not writes or None in writes:
-        for row in inserts:
-            save_new(row)
-        for row, fields in saves:
-            save_fields(row, fields)
-        record(**event)
-        return
+        with transaction.atomic(savepoint=False):
+            for row in inserts:
+                if not save_new(row, ignore_conflicts=unless_taken):
+                    return False
+            for row, fields in saves:
+                save_fields(row, fields)
+            record(**event)
+        return True
     recorded, _ = record_with_write(*writes, **event)
-    if recorded is None:  # as Model.save says it
-        raise row_gone()
+    if recorded is None:
+        if unless_taken:
+            return False
+        raise row_gone()  # as Model.save says it
     for row in inserts:
         inserted(row)
+    return True
 
 
 def _agent_spec(agent: str) -> registry.AgentSpec:
@@ -172,7 +185,6 @@ def _check_thread_id(thread_id: str) -> None:
         )
 
 
-@transaction.atomic
 def thread_create(
     *,
     tenant: Tenant,
@@ -182,13 +194,12 @@ def thread_create(
     metadata: dict[str, Any] | None = None,
 ) -> Thread:
     """A new thread of `agent`, or with no agent yet (its first run binds
-    one; until then it stores no metadata)."""
+    one; until then it stores no metadata). StateConflict if the tenant has
+    a live thread `thread_id` already."""
     thread_id = thread_id or uuid.uuid4().hex
     _check_thread_id(thread_id)
     spec = _agent_spec(agent) if agent is not None else None
     clear_metadata, subject = _metadata_for(spec, metadata or {})
-    if selectors.live_thread(tenant, thread_id) is not None:
-        raise StateConflict(f"thread {thread_id} already exists", code="thread_exists")
     fields = {
         "tenant": tenant,
         "thread_id": thread_id,
@@ -196,20 +207,31 @@ def thread_create(
         "metadata": clear_metadata,
         "subject_hash": subject,
     }
-    # Its row, with its key, and its event in one statement where the id can
-    # be taken first (Postgres); otherwise the row, its key, then the event.
+    created = {
+        "kind": events.THREAD_CREATED,
+        "actor": actor,
+        "data": {"agent": spec.name if spec else "(none yet)"},
+    }
+    # Where the id can be taken first (Postgres), its row, with its key, and
+    # its event in one statement, which is its own transaction outside the
+    # caller's (no BEGIN nor COMMIT) and needs no look-up first: a live
+    # thread with the same id (the partial unique key) makes it write
+    # nothing, waiting first for a concurrent insert of the same id.
     thread = Thread.objects.unsaved_with_data_key(**fields)
-    inserts = [thread]
     if thread is None:
-        thread, inserts = Thread.objects.create_with_data_key(**fields), []
-    thread_event(
-        thread=thread,
-        kind=events.THREAD_CREATED,
-        actor=actor,
-        data={"agent": spec.name if spec else "(none yet)"},
-        inserts=inserts,
-    )
+        with transaction.atomic():
+            if selectors.live_thread(tenant, thread_id) is not None:
+                raise _thread_exists(thread_id)
+            thread = Thread.objects.create_with_data_key(**fields)
+            thread_event(thread=thread, **created)
+        return thread
+    if not thread_event(thread=thread, inserts=[thread], unless_taken=True, **created):
+        raise _thread_exists(thread_id)
     return thread
+
+
+def _thread_exists(thread_id: str) -> StateConflict:
+    return StateConflict(f"thread {thread_id} already exists", code="thread_exists")
 
 
 @transaction.atomic

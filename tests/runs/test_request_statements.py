@@ -46,8 +46,11 @@ def test_a_new_thread_is_written_once_with_its_key_and_its_event():
     assert created.status_code == 201, created.content
     queries = captured.captured_queries
     assert _statements(queries, "UPDATE", "runs_thread") == 0
+    # No look-up first: a live thread with the id makes the insert do nothing.
+    assert _statements(queries, "SELECT", "runs_thread") == 0
     inserts = [q["sql"] for q in queries if 'INSERT INTO "runs_thread"' in q["sql"]]
     assert len(inserts) == 1 and "audit_auditevent" in inserts[0]
+    assert "ON CONFLICT DO NOTHING" in inserts[0]
     thread = Thread.objects.get(thread_id="t-1")
     assert thread.wrapped_data_key and thread.data_key_id
     ThreadCipher.for_thread(thread)  # its key unwraps, bound to its id

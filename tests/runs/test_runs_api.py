@@ -1,8 +1,10 @@
 """The runs API without execution: validation, tenancy, versions, deletion."""
 
 import json
+import threading
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
@@ -37,6 +39,48 @@ def test_create_thread_twice_is_409():
         "/api/v1/threads", {"thread_id": "t1", "agent": "refund"}, format="json"
     )
     assert_error(response, 409, "thread_exists")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_thread_created_twice_at_once_is_409_for_the_second():
+    """The second insert waits for the first's transaction, then writes
+    nothing: a 409, never a unique violation (a 500), and one event."""
+    from audit.models import AuditEvent
+    from audit.services import Actor
+    from runs import services
+
+    tenant, client = tenant_with_client()
+    created, release = threading.Event(), threading.Event()
+
+    def first():
+        try:
+            with transaction.atomic():
+                services.thread_create(
+                    tenant=tenant,
+                    agent="refund",
+                    actor=Actor.system("tests"),
+                    thread_id="t-race",
+                )
+                created.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    assert created.wait(timeout=30)
+    # Committed once the second waits on the first's row.
+    threading.Timer(0.5, release.set).start()
+    response = client.post(
+        "/api/v1/threads", {"thread_id": "t-race", "agent": "refund"}, format="json"
+    )
+    holder.join(timeout=30)
+    assert_error(response, 409, "thread_exists")
+    assert Thread.objects.filter(thread_id="t-race").count() == 1
+    assert (
+        AuditEvent.objects.filter(kind="thread.created", thread_id="t-race").count()
+        == 1
+    )
 
 
 def test_unknown_agent_is_400_naming_the_field():
