@@ -438,12 +438,12 @@ async def main(
                 label.split(" ")[0] + " " + label[len(label.split(" ")[0]) + 1 :][:70],
             )
             positions[key].append(
-                (a - previous[0], ca - previous[1], b - a, cb - ca, a - w0)
+                (a - previous[0], ca - previous[1], b - a, cb - ca, a - w0, ca - c0)
             )
             if not label.startswith("["):
                 previous = (b, cb)
         positions[(len(items), "answered (last body byte sent)")].append(
-            (answered - previous[0], 0.0, 0.0, 0.0, answered - w0)
+            (answered - previous[0], 0.0, 0.0, 0.0, answered - w0, c1 - c0)
         )
         if show and i == warm:
             for label, a, b, _ca, _cb in items:
@@ -456,14 +456,15 @@ async def main(
         f"(mean {statistics.mean(cpus) * 1000:.2f}) "
         f"(Python outside SQL/Redis calls {_ms(pythons):.2f})"
     )
-    print(" pos    at  gap(w/cpu)   call(w/cpu)  what")
+    print(" pos    at cpu-at  gap(w/cpu)   call(w/cpu)  what")
     for key in sorted(positions):
         values = positions[key]
         if len(values) < len(wholes) // 2:
             continue
-        gw, gc, cw, cc, at = (_ms([v[j] for v in values]) for j in range(5))
+        gw, gc, cw, cc, at, cpu_at = (_ms([v[j] for v in values]) for j in range(6))
         print(
-            f"{key[0]:4d} {at:6.2f} {gw:5.2f}/{gc:5.2f} {cw:6.2f}/{cc:5.2f}  {key[1]}"
+            f"{key[0]:4d} {at:6.2f} {cpu_at:6.2f} {gw:5.2f}/{gc:5.2f} "
+            f"{cw:6.2f}/{cc:5.2f}  {key[1]}"
         )
     if profiled is not None:
         profiled.report(callers=PROFILE_CALLERS)
