@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -253,27 +253,53 @@ def _locked_run(annotations: Callable[[], dict]) -> FixedQuery:
     )
 
 
-# Built at their first call, as querysets may only be once the apps are loaded.
-_CLAIM_THREAD = _locked_thread(
-    lambda run_id: {
-        "pk": Subquery(Run.objects.filter(pk=run_id).order_by().values("thread_id")[:1])
-    }
-)
-_CLAIM_RUN = _locked_run(
-    lambda: {
+def _runs_ahead(thread_id, run_id, created_at) -> QuerySet:
+    """The runs a queued run of the thread waits for: runs of a thread
+    execute one at a time, in creation order."""
+    return (
+        Run.objects.filter(thread_id=thread_id)
+        .exclude(pk=run_id)
+        .filter(
+            Q(status__in=Run.ACTIVE, created_at__lte=created_at)
+            | Q(status=Run.Status.RUNNING)
+        )
+        .order_by()
+    )
+
+
+def _claim_annotations() -> dict:
+    """What the claim reads with the run: whether it waits for another run,
+    and what a resume must find in the graph."""
+    return {
         "behind": Exists(
-            Run.objects.filter(thread_id=OuterRef("thread_id"))
-            .exclude(pk=OuterRef("pk"))
-            .filter(
-                Q(status__in=Run.ACTIVE, created_at__lte=OuterRef("created_at"))
-                | Q(status=Run.Status.RUNNING)
-            )
+            _runs_ahead(OuterRef("thread_id"), OuterRef("pk"), OuterRef("created_at"))
         ),
         "waiting_nodes": Subquery(
             selectors.waiting_nodes_query(OuterRef("thread_id")),
             output_field=JSONField(),
         ),
     }
+
+
+# Built at their first call, as querysets may only be once the apps are loaded.
+_CLAIM_THREAD = _locked_thread(
+    lambda run_id: {
+        "pk": Subquery(Run.objects.filter(pk=run_id).order_by().values("thread_id")[:1])
+    }
+)
+_CLAIM_RUN = _locked_run(_claim_annotations)
+# The claim's first read, which locks nothing (see _claim_at_once).
+_PEEK_RUN = FixedQuery(
+    lambda run_id: (
+        Run.objects.select_related("thread__tenant")
+        .annotate(**_claim_annotations())
+        .filter(pk=run_id)
+        .order_by()
+    ),
+    _SAMPLE_RUN_ID,
+)
+_RUNS_AHEAD = FixedQuery(
+    _runs_ahead, -0x5A3B1E, _SAMPLE_RUN_ID, datetime(1970, 1, 2, 3, 4, 5, 6, UTC)
 )
 # The finish's one query: the run with its thread and tenant, the thread and
 # the run locked, in this order (a statement's FOR ... OF locks each row in
@@ -301,8 +327,84 @@ def _the_run(rows: list[Run]) -> Run:
 
 
 def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
-    """Take the run if it is this worker's to execute; None otherwise."""
+    """Take the run if it is this worker's to execute; None otherwise.
+
+    A queued run whose turn it is, the usual case, is taken in one
+    statement (_claim_at_once); anything else, or a claim that finds things
+    changed since it read them, is decided under the locks (_claim_locked)."""
     run_pk = uuid.UUID(str(run_id))  # the compiled queries take a UUID
+    run = _first(_PEEK_RUN(run_pk))
+    if run is not None and _claim_at_once(run, owner):
+        return run, run.thread
+    return _claim_locked(run_pk, owner)
+
+
+def _claim_at_once(run: Run, owner: str) -> bool:
+    """Take a queued run whose turn it is, read a moment before without a
+    lock (`run`, with its thread): its lease and `run.started` in one
+    statement, in autocommit (no BEGIN, no locking reads, no COMMIT), which
+    writes only if what the read saw still holds. False, with nothing
+    written, for any other run, or if it no longer holds.
+
+    The statement locks the thread, then the run (its update), the order
+    every writer takes them in; a thread deleted or no longer `running` is
+    not taken. Whether a run is ahead is read as of the statement's start,
+    which may precede the thread's lock: a run ahead that ended meanwhile
+    still counts as ahead (the claim then goes on under the locks), and
+    none can have become active ahead of this one, since a run created
+    later is created after it (under the thread's lock) and waits for it.
+    The run's own row is checked as it is once locked."""
+    thread = run.thread
+    if not (
+        run.status == Run.Status.QUEUED
+        and run.attempts == 0
+        and not run.behind
+        and thread.deleted_at is None
+        # As its run was queued: the claim changes nothing of the thread.
+        and thread.status == Thread.Status.RUNNING
+    ):
+        return False
+    _take(run, owner, timezone.now())
+    ahead, ahead_params = _RUNS_AHEAD.statement(thread.pk, run.pk, run.created_at)
+    return thread_event(
+        thread=thread,
+        kind=events.RUN_STARTED,
+        actor=SYSTEM,
+        run=run,
+        data={"worker": owner, "attempt": run.attempts},
+        saves=[(run, _CLAIMED_FIELDS)],
+        where=[
+            (
+                f"status = %s AND attempts = 0 AND thread_id = ({_LIVE_THREAD}) "
+                f"AND NOT EXISTS ({ahead})",
+                [Run.Status.QUEUED, thread.pk, Thread.Status.RUNNING, *ahead_params],
+            )
+        ],
+    )
+
+
+# The run's thread, locked as _claim_locked locks it, if alive and running.
+_LIVE_THREAD = (
+    f"SELECT id FROM {Thread._meta.db_table} WHERE id = %s AND deleted_at IS NULL "
+    "AND status = %s FOR NO KEY UPDATE"
+)
+
+
+def _take(run: Run, owner: str, now: datetime) -> None:
+    """The run as a claim leaves it (_CLAIMED_FIELDS, to be saved)."""
+    # Taken from the queue: no attempt ran before, so none wrote a
+    # checkpoint (see _graph_input).
+    run.first_attempt = run.status == Run.Status.QUEUED
+    run.status = Run.Status.RUNNING
+    run.lease_owner = owner
+    run.lease_until = now + _lease_length()
+    run.heartbeat_at = now
+    run.attempts += 1
+    run.started_at = run.started_at or now
+
+
+def _claim_locked(run_pk: uuid.UUID, owner: str) -> tuple[Run, Thread] | None:
+    """_claim, under the locks of the thread and the run."""
     with transaction.atomic():
         # Lock order everywhere: thread, then its runs (FOR NO KEY UPDATE:
         # see approvals.services.lifecycle for why never plain FOR UPDATE).
@@ -317,7 +419,6 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
         run.thread = thread  # the locked row, for whatever reads run.thread
         now = timezone.now()
         recovered_from = ""
-        fresh = False
         if run.status == Run.Status.RUNNING:
             if run.lease_owner == owner:
                 # This claim committed, and then the connection was lost
@@ -331,7 +432,6 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
                 return None
             recovered_from = run.lease_owner
         elif run.status == Run.Status.QUEUED:
-            fresh = True
             if run.behind:
                 return None  # runs of a thread execute one at a time, in order
             if (
@@ -349,12 +449,7 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
                 return None
         else:
             return None  # finished or cancelled already
-        run.status = Run.Status.RUNNING
-        run.lease_owner = owner
-        run.lease_until = now + _lease_length()
-        run.heartbeat_at = now
-        run.attempts += 1
-        run.started_at = run.started_at or now
+        _take(run, owner, now)
         # Saved with the first event, in its statement (thread_event).
         saves = [(run, _CLAIMED_FIELDS)]
         if thread.status != Thread.Status.RUNNING:
@@ -370,9 +465,6 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
                 saves=saves,
             )
             saves = []
-        # Taken from the queue: no attempt ran before, so none wrote a
-        # checkpoint (see _graph_input).
-        run.first_attempt = fresh
         thread_event(
             thread=thread,
             kind=events.RUN_STARTED,

@@ -112,14 +112,16 @@ class FixedQuery:
             locks=bool(queryset.query.select_for_update),
         )
 
-    def __call__(self, *arguments: Any, using: str = DEFAULT_DB_ALIAS) -> list:
-        connection = connections[using]
-        key = (using, connection.vendor)
+    def _compiled_for(self, using: str) -> _Compiled:
+        key = (using, connections[using].vendor)
         compiled = self._compiled.get(key)
         if compiled is None:
             with self._lock:
                 compiled = self._compiled.get(key) or self._compile(using)
                 self._compiled[key] = compiled
+        return compiled
+
+    def _params(self, compiled: _Compiled, arguments: tuple, connection) -> list:
         params = list(compiled.params)
         for slot, sample, argument in zip(
             compiled.slots, self.samples, arguments, strict=True
@@ -130,6 +132,20 @@ class FixedQuery:
                 )
             for position in slot:
                 params[position] = _db_value(argument, connection)
+        return params
+
+    def statement(
+        self, *arguments: Any, using: str = DEFAULT_DB_ALIAS
+    ) -> tuple[str, list]:
+        """The query's SQL and parameters, for a caller that runs it inside a
+        statement of its own (a condition of a write)."""
+        compiled = self._compiled_for(using)
+        return compiled.sql, self._params(compiled, arguments, connections[using])
+
+    def __call__(self, *arguments: Any, using: str = DEFAULT_DB_ALIAS) -> list:
+        connection = connections[using]
+        compiled = self._compiled_for(using)
+        params = self._params(compiled, arguments, connection)
         if compiled.locks and connection.get_autocommit():
             # What Django's compiler says of a lock outside a transaction.
             raise TransactionManagementError(
@@ -189,17 +205,25 @@ def row_gone() -> DatabaseError:
 
 
 def update_statement(
-    obj: Model, fields: Sequence[str], *, using: str = DEFAULT_DB_ALIAS
+    obj: Model,
+    fields: Sequence[str],
+    *,
+    where: tuple[str, Sequence[Any]] = ("", ()),
+    using: str = DEFAULT_DB_ALIAS,
 ) -> tuple[str, list[Any]] | None:
     """The UPDATE (SQL and parameters) that save_fields runs, for a caller
     that runs it as part of a statement of its own (audit.services.
     record_with_write): `RETURNING 1`, so that the statement sees whether
-    it found the row. None where only Model.save may save the fields (see
-    save_fields). Calls the fields' pre_save, as saving does."""
+    it found the row; `where`, a condition (SQL and its parameters) the
+    row must meet as well. None where only Model.save may save the fields
+    (see save_fields). Calls the fields' pre_save, as saving does."""
     statement = _prepared_update(obj, fields, using)
     if statement is None:
         return None
     sql, params = statement
+    condition, condition_params = where
+    if condition:
+        return f"{sql} AND ({condition}) RETURNING 1", [*params, *condition_params]
     return f"{sql} RETURNING 1", params
 
 

@@ -89,6 +89,7 @@ def thread_event(
     inserts: Sequence[Model] = (),
     saves: Sequence[tuple[Model, Sequence[str]]] = (),
     unless_taken: bool = False,
+    where: Sequence[tuple[str, Sequence[Any]]] = (),
 ) -> bool:
     """Record an event about a thread (and one of its runs) in the audit
     trail, in the caller's transaction; with `inserts`, new rows inserted
@@ -99,7 +100,13 @@ def thread_event(
     `unless_taken`, with one row in `inserts` and no `saves`: if a row with
     the same unique key is there already, nothing is written and no event
     recorded, and the answer is False (True otherwise). The statement then
-    needs no transaction: outside one, it is its own."""
+    needs no transaction: outside one, it is its own.
+
+    `where`, with `saves` alone: for each, a condition (SQL and parameters)
+    its row must meet to be saved, in the statement of the event; False,
+    with nothing written, where the (first) save's row does not meet it, or
+    only Model.save may save one of them (record_with_write says what
+    several writes of which only some find their row do)."""
     event = {
         "tenant": thread.tenant,
         "kind": kind,
@@ -110,8 +117,17 @@ def thread_event(
     }
     if unless_taken and (len(inserts) != 1 or saves):
         raise ValueError("unless_taken is for one insert alone")
+    if where and (inserts or len(where) != len(saves)):
+        raise ValueError("where is for saves alone, a condition for each")
     writes = [insert_statement(row, ignore_conflicts=unless_taken) for row in inserts]
-    writes += [update_statement(row, fields) for row, fields in saves]
+    writes += [
+        update_statement(row, fields, where=condition)
+        for (row, fields), condition in zip(
+            saves, where or [("", ())] * len(saves), strict=True
+        )
+    ]
+    if where and None in writes:
+        return False
     if not writes or None in writes:
         with transaction.atomic(savepoint=False):
             for row in inserts:
@@ -123,7 +139,7 @@ def thread_event(
         return True
     recorded, _ = record_with_write(*writes, **event)
     if recorded is None:
-        if unless_taken:
+        if unless_taken or where:
             return False
         raise row_gone()  # as Model.save says it
     for row in inserts:

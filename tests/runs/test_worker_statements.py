@@ -94,22 +94,28 @@ def test_a_runs_bookkeeping_writes_are_each_one_statement_with_their_event(
     # transaction of its own.
     ledger = [s for s in sql if '"runs_toolcall"' in s]
     assert len(ledger) == 4 and set(ledger) <= set(with_event), ledger
-    # The claim and the finish: the run (and the thread) saved in the
-    # statement of the event, after the two reads that lock them.
-    assert len(_statements(sql, "WITH w0 AS (UPDATE", "runs_run")) == 2
+    # The claim: a read of the run, its thread and tenant, locking nothing,
+    # and the run saved in the statement of its event, which locks the
+    # thread and the run; in autocommit. The finish: the run and the thread
+    # saved in the statement of the event, after the read that locks them,
+    # in a transaction.
+    claim = _statements(sql, "WITH w0 AS (UPDATE", "runs_run")
+    assert len(claim) == 2 and "FOR NO KEY UPDATE" in claim[0]
     assert not _statements(sql, "UPDATE", "runs_run")
     assert not _statements(sql, "UPDATE", "runs_thread")
-    # The claim's locking read of the run, the finish's of the run with its
-    # thread, and the finish's look-up of the thread's next queued run after
-    # its commit.
-    assert len([s for s in sql if s.startswith('SELECT "runs_run"')]) == 3
+    # The claim's read of the run (no lock), the finish's locking read of the
+    # run with its thread, and the finish's look-up of the thread's next
+    # queued run after its commit.
+    run_reads = [s for s in sql if s.startswith('SELECT "runs_run"')]
+    assert len(run_reads) == 3 and "FOR " not in run_reads[0]
+    assert sql.index(run_reads[0]) < sql.index(claim[0])
     finish_lock = 'FOR NO KEY UPDATE OF "runs_thread", "runs_run"'
     assert len([s for s in sql if s.endswith(finish_lock)]) == 1
     assert len(with_event) == 6 and not [s for s in sql if s.startswith("SAVEPOINT")]
-    # The claim and the finish: nothing for the ledger, and nothing for the
+    # The finish's: nothing for the claim, nor for the ledger, nor for the
     # downstream systems' inserts (the demo's payment provider and outbox),
     # each a statement of its own.
-    assert transactions.count == 2
+    assert transactions.count == 1
     assert (
         sorted(
             AuditEvent.objects.filter(
