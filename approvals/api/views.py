@@ -98,6 +98,23 @@ def _render(
     return represent(serializer_class, data)
 
 
+# What ApprovalSummarySerializer shows of a request, by column.
+_SUMMARY_COLUMNS = (
+    "id",
+    "thread__thread_id",
+    "run_id",
+    "interrupt_id",
+    "status",
+    "gate",
+    "risk",
+    "action",
+    "required_approvals",
+    "created_at",
+    "due_at",
+    "escalation_level",
+)
+
+
 class ApprovalListView(generics.ListAPIView):
     required_scope = Scope.APPROVALS
     serializer_class = ApprovalSummarySerializer
@@ -111,7 +128,16 @@ class ApprovalListView(generics.ListAPIView):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return ApprovalRequest.objects.none()
-        return _tenant_requests(self.request)
+        # The summary's columns and the thread's id, not every column of the
+        # request, its thread and their tenant (14 where there were 41, the
+        # payloads among them): a third of the query to compile, and rows
+        # made of what the page shows.
+        return (
+            ApprovalRequest.objects.for_tenant(self.request.principal.tenant)
+            .filter(thread__deleted_at__isnull=True)
+            .select_related("thread")
+            .only(*_SUMMARY_COLUMNS)
+        )
 
     def list(self, request, *args, **kwargs):
         # ListModelMixin.list with the page rendered by a shared serializer

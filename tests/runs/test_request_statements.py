@@ -135,3 +135,46 @@ def test_an_agent_protocol_run_start_ends_on_its_audit_event():
         i for i, s in enumerate(sql) if 'INSERT INTO "audit_auditevent"' in s
     )
     assert sql[event + 1].startswith("RELEASE SAVEPOINT"), sql[event:]
+
+
+def test_the_approvals_list_reads_a_page_in_one_statement_of_what_it_shows():
+    """The summary's columns and the thread's id, and no query per row for
+    a column left out."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals.api.serializers import ApprovalSummarySerializer
+    from approvals.models import ApprovalRequest
+
+    tenant, client = tenant_with_client()
+    for n in range(3):
+        created = client.post(
+            "/api/v1/threads", {"thread_id": f"t-{n}", "agent": "refund"}, format="json"
+        )
+        assert created.status_code == 201
+        started = client.post(
+            f"/api/v1/threads/t-{n}/runs",
+            {"input": {"customer_message": "hi", "order": {"id": "A-1"}}},
+            format="json",
+        )
+        assert started.status_code == 202, started.content
+        thread = Thread.objects.get(thread_id=f"t-{n}")
+        ApprovalRequest.objects.create(
+            tenant=tenant,
+            thread=thread,
+            run=thread.runs.get(),
+            interrupt_id=f"i-{n}",
+            action="payments.refund",
+            payload=b"sealed",
+            due_at=timezone.now() + timedelta(hours=1),
+        )
+    with CaptureQueriesContext(connection) as captured:
+        listed = client.get("/api/v1/approvals?status=pending&limit=2")
+    assert listed.status_code == 200, listed.content
+    page = listed.json()
+    assert [row["thread_id"] for row in page["results"]] == ["t-2", "t-1"]
+    assert set(page["results"][0]) == set(ApprovalSummarySerializer().fields)
+    assert page["next"]
+    [query] = [q["sql"] for q in captured.captured_queries if "approvals_" in q["sql"]]
+    assert '"payload"' not in query and '"runs_tenant"' not in query
