@@ -243,14 +243,53 @@ def insert_statement(
     written: one statement where catching the unique violation would cost a
     savepoint and its release. Like the plain insert, it waits for a
     concurrent transaction inserting the same key, and then sees its row."""
-    if _saved_by_model_save(type(obj)):
+    model = type(obj)
+    if _saved_by_model_save(model):
         return None
-    meta = type(obj)._meta
+    connection = connections[using]
+    meta = model._meta
+    with_pk = obj.pk is not None
     fields = [
         field
         for field in meta.local_concrete_fields
-        if obj.pk is not None or field is not meta.auto_field
+        if with_pk or field is not meta.auto_field
     ]
+    key = (model, with_pk, ignore_conflicts, connection.vendor)
+    sql = _INSERTS.get(key)
+    if sql and not _expressions(getattr(obj, field.attname) for field in fields):
+        values = [field.pre_save(obj, True) for field in fields]
+        if not _expressions(values):
+            params = [
+                field.get_db_prep_save(value, connection)
+                for field, value in zip(fields, values, strict=True)
+            ]
+            return sql, params
+    # Compiled by Django: an expression (a database default, say) is part of
+    # the SQL. Kept for rows of the model to come if this row's values are
+    # all plain parameters.
+    plain = not _expressions(getattr(obj, field.attname) for field in fields)
+    statement, params = _compiled_insert(obj, fields, ignore_conflicts, using)
+    if sql is None and plain:
+        fixed = all(_plain(field, connection) for field in fields)
+        _INSERTS[key] = statement if fixed else ""
+    return statement, params
+
+
+# The INSERT of a model's row by (model, with its primary key, ignoring
+# conflicts, vendor), compiled once: "" for one Django compiles for each row.
+_INSERTS: dict[tuple, str] = {}
+
+
+def _expressions(values) -> bool:
+    return any(hasattr(value, "resolve_expression") for value in values)
+
+
+def _compiled_insert(
+    obj: Model, fields: list[Field], ignore_conflicts: bool, using: str
+) -> tuple[str, list[Any]]:
+    """The INSERT as Django's compiler writes it for `obj` (running the
+    fields' pre_save)."""
+    meta = type(obj)._meta
     query = sql.InsertQuery(
         type(obj), on_conflict=OnConflict.IGNORE if ignore_conflicts else None
     )
@@ -259,6 +298,13 @@ def insert_statement(
     compiler.returning_fields = [meta.pk]
     [(statement, params)] = compiler.as_sql()
     return statement, list(params)
+
+
+def _plain(field: Field, connection) -> bool:
+    """Whether the field's value goes in as one `%s` parameter (BinaryField
+    asks the database's operations: "%s" on ours)."""
+    placeholder = getattr(field, "get_placeholder", None)
+    return placeholder is None or placeholder(None, None, connection) == "%s"
 
 
 def inserted(obj: Model, *, using: str = DEFAULT_DB_ALIAS) -> None:
@@ -378,9 +424,7 @@ def _update_statement(
         field.concrete
         and not field.primary_key
         and not field.is_relation
-        # BinaryField asks the database's operations: "%s" on ours.
-        and getattr(field, "get_placeholder", lambda *_: "%s")(None, None, connection)
-        == "%s"
+        and _plain(field, connection)
         for field in targets
     ):
         quote = connection.ops.quote_name

@@ -6,8 +6,15 @@ import uuid
 
 import pytest
 from django.apps import apps
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    connection,
+    connections,
+    transaction,
+)
 from django.db.models import Exists, OuterRef
+from django.db.models.functions import Now
 from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
@@ -17,7 +24,7 @@ from audit import events
 from audit.models import AuditEvent
 from audit.services import Actor
 from runs import dispatch, execution, services, tools
-from runs.fixed_queries import FixedQuery, save_fields, save_new
+from runs.fixed_queries import FixedQuery, insert_statement, save_fields, save_new
 from runs.models import Run, Tenant, Thread, ToolCall
 from tests.factories import make_tenant
 
@@ -409,6 +416,46 @@ def test_the_ledgers_insert_of_a_key_taken_writes_nothing(listening):
     else:  # each one statement with its event
         assert len(inserts) == 2
         assert all(s.startswith("WITH w0 AS (INSERT") for s in inserts)
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+@pytest.mark.parametrize("using", ["default", "sqlite"])
+def test_an_insert_compiled_once_writes_each_rows_own_values(using):
+    """insert_statement compiles a model's INSERT once per process and
+    database: the rows after the first are written with their own values,
+    as Model.save writes them (auto_now_add's pre_save run: on the instance
+    too). A row holding an expression is compiled for itself, and the
+    plain rows after it still share the first one's SQL."""
+    tenant = Tenant.objects.using(using).create(slug=f"i-{using}", name="I")
+    thread = Thread.objects.using(using).create(
+        tenant=tenant, thread_id="t1", agent_name="refund", agent_version="1"
+    )
+    rows = [_ledger_row(thread, f"k-{i}") for i in range(4)]
+    rows[1].tool, rows[1].attempt_log, rows[1].args = "other", [{"n": 1}], b"\x00s"
+    rows[2].started_at = Now()
+    statements = [
+        insert_statement(row, ignore_conflicts=True, using=using) for row in rows
+    ]
+    plain = {statements[i][0] for i in (0, 1, 3)}
+    assert len(plain) == 1 and statements[2][0] not in plain
+    with connections[using].cursor() as cursor:
+        for row, (sql, params) in zip(rows, statements, strict=True):
+            cursor.execute(sql, params)
+            row.pk = cursor.fetchone()[0]
+    stored = ToolCall.objects.using(using).in_bulk([row.pk for row in rows])
+    for row in (rows[0], rows[1], rows[3]):
+        assert _fields(stored[row.pk]) == {
+            **_fields(row),
+            "args": row.args and memoryview(row.args),
+        }
+    assert stored[rows[2].pk].started_at is not None
+    # A key taken: nothing written, no row returned.
+    sql, params = insert_statement(
+        _ledger_row(thread, "k-0"), ignore_conflicts=True, using=using
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        assert cursor.fetchone() is None
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
