@@ -10,11 +10,10 @@ released, a charge refunded, a courier cancelled), each undo idempotent too.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from demo.models import (
@@ -26,20 +25,29 @@ from demo.models import (
     DemoStockReservation,
 )
 from runs.crypto import ThreadCipher
+from runs.fixed_queries import insert_statement, inserted, save_new
 from runs.models import Thread
 
 
 def _once(model, *, idempotency_key: str, **fields):
-    """The row for `idempotency_key`: created now, or the one created first."""
-    # Inside a transaction, a savepoint to survive the duplicate's error.
-    # Outside one the INSERT is a transaction of its own: no BEGIN and COMMIT
-    # around it, as a provider's single insert would have none.
-    atomic = transaction.atomic if connection.in_atomic_block else nullcontext
-    try:
-        with atomic():
-            return model.objects.create(idempotency_key=idempotency_key, **fields)
-    except IntegrityError:
-        return model.objects.get(idempotency_key=idempotency_key)
+    """The row for `idempotency_key`: created now, or the one created first.
+
+    One statement, in a transaction or out of one, as a provider's single
+    insert: a repeated key inserts nothing (ON CONFLICT DO NOTHING, no
+    savepoint to survive a duplicate's error), and the first row is read."""
+    row = model(idempotency_key=idempotency_key, **fields)
+    statement = insert_statement(row, ignore_conflicts=True)
+    if statement is None:  # only Model.save may insert it
+        created = save_new(row, ignore_conflicts=True)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(*statement)
+            returned = cursor.fetchone()
+        created = returned is not None
+        if created:
+            row.pk = returned[0]
+            inserted(row)
+    return row if created else model.objects.get(idempotency_key=idempotency_key)
 
 
 def refund_payment(
@@ -68,10 +76,10 @@ def refund_payment(
 
 
 def send_customer_message(
-    *, thread_pk: int, idempotency_key: str, kind: str, body: str
+    *, thread: Thread, idempotency_key: str, kind: str, body: str
 ) -> dict:
-    """Queue a message to the customer; a repeated key sends nothing new."""
-    thread = Thread.objects.get(pk=thread_pk)
+    """Queue a message to the customer of `thread` (its row: the body is
+    stored encrypted with its key); a repeated key sends nothing new."""
     cipher = ThreadCipher.for_thread(thread)
     message = _once(
         DemoOutboxMessage,

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from langgraph.runtime import ExecutionInfo, get_runtime
+
+from runs.models import Thread
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,14 @@ class RunContext:
     # The thread's row (with its tenant) as the worker claimed the run: what
     # runs.tools records under, without reading it again for every call.
     # Read-only: nodes may run in threads of their own.
-    thread: Any = field(default=None, compare=False, repr=False)
+    thread: Thread | None = field(default=None, compare=False, repr=False)
+
+    def thread_row(self) -> Thread:
+        """The thread's row with its tenant: the claimed one, or read if the
+        context was built without it."""
+        if self.thread is not None:
+            return self.thread
+        return Thread.objects.select_related("tenant").get(pk=self.thread_pk)
 
 
 class OutsideRun(RuntimeError):

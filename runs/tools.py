@@ -390,9 +390,7 @@ def side_effect(
     context, _ = current_step()
     thread_connections.bind()  # a node may run on one of LangGraph's threads
     key = idempotency_key(tool=tool, call_index=call_index)
-    thread = context.thread or Thread.objects.select_related("tenant").get(
-        pk=context.thread_pk
-    )
+    thread = context.thread_row()
     ledger = Ledger(
         thread=thread,
         run_id=context.run_id,

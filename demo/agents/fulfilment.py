@@ -323,13 +323,13 @@ def book_courier(state: FulfilmentState) -> FulfilmentState:
 
 def notify_customer(state: FulfilmentState) -> FulfilmentState:
     args = _args(state, "notify_customer")
-    thread_pk = get_runtime().context.thread_pk
+    thread = get_runtime().context.thread_row()
     body = f"Your order {args['order_id']} is on its way."
     side_effect(
         "outbox.send",
         {"kind": args["kind"], "body": body},
         lambda key: downstream.send_customer_message(
-            thread_pk=thread_pk, idempotency_key=key, kind=args["kind"], body=body
+            thread=thread, idempotency_key=key, kind=args["kind"], body=body
         ),
         safe_keys=SAFE_ARGS,
     )

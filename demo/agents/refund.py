@@ -138,12 +138,12 @@ def execute_refund(state: RefundState) -> RefundState:
 
 
 def _notify(kind: str, body: str) -> dict:
-    thread_pk = get_runtime().context.thread_pk
+    thread = get_runtime().context.thread_row()
     return side_effect(
         "outbox.send",
         {"kind": kind, "body": body},
         lambda key: downstream.send_customer_message(
-            thread_pk=thread_pk, idempotency_key=key, kind=kind, body=body
+            thread=thread, idempotency_key=key, kind=kind, body=body
         ),
         safe_keys=frozenset({"kind"}),
     )
