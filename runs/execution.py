@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import Exists, JSONField, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 from langgraph.types import Command
@@ -333,9 +333,13 @@ def _claim(run_id: str, owner: str) -> tuple[Run, Thread] | None:
     statement (_claim_at_once); anything else, or a claim that finds things
     changed since it read them, is decided under the locks (_claim_locked)."""
     run_pk = uuid.UUID(str(run_id))  # the compiled queries take a UUID
-    run = _first(_PEEK_RUN(run_pk))
-    if run is not None and _claim_at_once(run, owner):
-        return run, run.thread
+    # The one statement locks rows in a subquery (FOR NO KEY UPDATE), which
+    # only Postgres has; SQLite (the embedded mode) serialises its writers
+    # anyway, so it always takes the locked path.
+    if connection.vendor == "postgresql":
+        run = _first(_PEEK_RUN(run_pk))
+        if run is not None and _claim_at_once(run, owner):
+            return run, run.thread
     return _claim_locked(run_pk, owner)
 
 
