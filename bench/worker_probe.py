@@ -48,24 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-BROKER = os.environ["CELERY_BROKER_URL"]
-os.environ.update(
-    {
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "CACHE_URL": BROKER.replace("redis://", "rediscache://", 1),
-        "SECRET_KEY": "probe",
-        "DEBUG": "false",
-        "GATEHOUSE_MASTER_KEYS": "bench:QkVOQ0hNQVJLLUtFWS0zMi1CWVRFUy1MT05HLi4uLi4=",
-        "GATEHOUSE_AUDIT_KEYS": "bench-audit:QkVOQ0hNQVJLLUFVRElULUtFWS0zMi1CWVRFUy0uLiE=",
-        "GATEHOUSE_THROTTLE_RATE": "1000000/minute",
-        "ALLOWED_HOSTS": "127.0.0.1",
-        "SECURE_SSL_REDIRECT": "false",
-        "LOG_LEVEL": "WARNING",
-        # A worker's connections: persistent, one per thread (config.settings),
-        # not the web process's pool (config/asgi.py turns it on by default).
-        "DATABASE_POOL": "false",
-    }
-)
+# A worker's connections: persistent, one per thread (config.settings), not
+# the web process's pool (config/asgi.py turns it on by default); the rest of
+# the environment is decision_probe's, set when it is imported.
+os.environ["DATABASE_POOL"] = "false"
 
 import decision_probe as dp  # noqa: E402  (django.setup())
 import psycopg  # noqa: E402
@@ -306,7 +292,7 @@ async def main(args) -> None:
     from runs.models import Run
 
     tenant, secret = await sync_to_async(dp.setup_tenant, thread_sensitive=False)()
-    redis.Redis.from_url(BROKER).flushdb()
+    redis.Redis.from_url(dp.BROKER).flushdb()
     instrument_sql()
     instrument_pool()
     instrument_splits(args.split)
@@ -348,7 +334,7 @@ async def main(args) -> None:
             if i >= args.warm:
                 (results_b if b_side else results)[phase].append(figures)
         if i % 20 == 0:
-            redis.Redis.from_url(BROKER).flushdb()
+            redis.Redis.from_url(dp.BROKER).flushdb()
     report(results, "" if switch is None else "A (switch off)")
     if switch is not None:
         report(results_b, "B (switch on)")

@@ -98,20 +98,11 @@ def _render(
     return represent(serializer_class, data)
 
 
-# What ApprovalSummarySerializer shows of a request, by column.
-_SUMMARY_COLUMNS = (
-    "id",
-    "thread__thread_id",
-    "run_id",
-    "interrupt_id",
-    "status",
-    "gate",
-    "risk",
-    "action",
-    "required_approvals",
-    "created_at",
-    "due_at",
-    "escalation_level",
+# What ApprovalSummarySerializer shows of a request, by column: each field's
+# source as the ORM spells it (thread.thread_id: thread__thread_id).
+_SUMMARY_COLUMNS = tuple(
+    field.source.replace(".", "__")
+    for field in ApprovalSummarySerializer().fields.values()
 )
 
 
