@@ -2,10 +2,12 @@
 at once in every process, and the request budget, counted in the round trip
 that checks the key is still valid."""
 
+import io
 import uuid
 
 import pytest
 from django.conf import settings as django_settings
+from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -248,3 +250,23 @@ def test_one_redis_connection_serves_every_request_of_a_web_process(transactiona
     finally:
         admin.close()
         server.stop()
+
+
+def test_revoking_from_a_process_without_redis_says_the_web_is_not_told(settings):
+    """The default cache (locmem) in production: the command cannot replace
+    the access epoch the web processes read, and says so."""
+    settings.GATEHOUSE_EMBEDDED = False
+    api_key, secret = make_api_key(make_tenant())
+    err = io.StringIO()
+    call_command("revoke_api_key", api_key.prefix, stdout=io.StringIO(), stderr=err)
+    assert "CACHE_URL is not Redis" in err.getvalue()
+    assert f"up to {key_cache.MAX_AGE_SECONDS} s" in err.getvalue()
+
+
+def test_revoking_with_redis_as_the_cache_warns_of_nothing(redis_cache, settings):
+    settings.GATEHOUSE_EMBEDDED = False
+    api_key, _ = make_api_key(make_tenant())
+    err = io.StringIO()
+    call_command("revoke_api_key", api_key.prefix, stdout=io.StringIO(), stderr=err)
+    assert err.getvalue() == ""
+    assert ApiKey.objects.get(pk=api_key.pk).revoked_at is not None
