@@ -16,7 +16,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -226,33 +225,6 @@ LEASES = Leases()
 _SAMPLE_RUN_ID = uuid.UUID("5a3b1e00-0000-4000-8000-00000000c1a1")
 
 
-def _locked_thread(filters: Callable[[uuid.UUID], dict]) -> FixedQuery:
-    """The run's thread with its tenant, locked (see _claim), if alive;
-    `filters(run_id)` finds it."""
-    return FixedQuery(
-        lambda run_id: (
-            Thread.objects.select_related("tenant")
-            .select_for_update(of=("self",), no_key=True)
-            .filter(deleted_at__isnull=True, **filters(run_id))
-            .order_by()[:1]
-        ),
-        _SAMPLE_RUN_ID,
-    )
-
-
-def _locked_run(annotations: Callable[[], dict]) -> FixedQuery:
-    """The run, locked (see _claim), with `annotations()` read with it."""
-    return FixedQuery(
-        lambda run_id: (
-            Run.objects.select_for_update(no_key=True)
-            .annotate(**annotations())
-            .filter(pk=run_id)
-            .order_by()
-        ),
-        _SAMPLE_RUN_ID,
-    )
-
-
 def _runs_ahead(thread_id, run_id, created_at) -> QuerySet:
     """The runs a queued run of the thread waits for: runs of a thread
     execute one at a time, in creation order."""
@@ -282,12 +254,31 @@ def _claim_annotations() -> dict:
 
 
 # Built at their first call, as querysets may only be once the apps are loaded.
-_CLAIM_THREAD = _locked_thread(
-    lambda run_id: {
-        "pk": Subquery(Run.objects.filter(pk=run_id).order_by().values("thread_id")[:1])
-    }
+# The run's thread with its tenant, locked, if alive.
+_CLAIM_THREAD = FixedQuery(
+    lambda run_id: (
+        Thread.objects.select_related("tenant")
+        .select_for_update(of=("self",), no_key=True)
+        .filter(
+            deleted_at__isnull=True,
+            pk=Subquery(
+                Run.objects.filter(pk=run_id).order_by().values("thread_id")[:1]
+            ),
+        )
+        .order_by()[:1]
+    ),
+    _SAMPLE_RUN_ID,
 )
-_CLAIM_RUN = _locked_run(_claim_annotations)
+# The run, locked, with what the claim reads with it.
+_CLAIM_RUN = FixedQuery(
+    lambda run_id: (
+        Run.objects.select_for_update(no_key=True)
+        .annotate(**_claim_annotations())
+        .filter(pk=run_id)
+        .order_by()
+    ),
+    _SAMPLE_RUN_ID,
+)
 # The claim's first read, which locks nothing (see _claim_at_once).
 _PEEK_RUN = FixedQuery(
     lambda run_id: (
