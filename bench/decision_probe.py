@@ -1,6 +1,6 @@
 """A request of the benchmark's flow as the web process serves it, statement
 by statement: by default the decision POST; `create-thread`, `start-run`,
-`find-approval` (the approvals list filtered to the thread) and `wait-run`
+`protocol-start-run` (the same through /langgraph/), `find-approval` (the approvals list filtered to the thread) and `wait-run`
 (the run's GET with `?wait=`) too.
 
 In one process: production settings (the database pool on, the Redis cache
@@ -328,6 +328,13 @@ async def _start_run(secret: str, case: str):
     return "POST", f"/api/v1/threads/{case}/runs", {"input": INPUT}, 202
 
 
+async def _protocol_start_run(secret: str, case: str):
+    """The Agent Protocol's run start (langgraph-sdk's runs.create)."""
+    await _thread(secret, case)
+    body = {"assistant_id": "refund", "input": INPUT}
+    return "POST", f"/langgraph/threads/{case}/runs", body, 200
+
+
 async def _find_approval(secret: str, case: str):
     await _execute(await _started(secret, case))
     return "GET", _approvals_path(case), None, 200
@@ -350,6 +357,7 @@ async def _decision(secret: str, case: str):
 REQUESTS = {
     "create-thread": _create_thread,
     "start-run": _start_run,
+    "protocol-start-run": _protocol_start_run,
     "find-approval": _find_approval,
     "wait-run": _wait_run,
     "decision": _decision,

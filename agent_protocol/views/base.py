@@ -31,8 +31,12 @@ class ProtocolView(APIView):
         """The caller's tenant's thread: another tenant's is not found."""
         thread = selectors.live_thread(self.request.principal.tenant, thread_id)
         if thread is None:
-            raise exceptions.NotFound(f"Thread {thread_id} not found.")
+            raise self.not_found(thread_id)
         return thread
+
+    @staticmethod
+    def not_found(thread_id: str) -> exceptions.NotFound:
+        return exceptions.NotFound(f"Thread {thread_id} not found.")
 
     def run(self, thread_id: str, run_id) -> Run:
         """A run of the caller's tenant's thread, with the thread (and its

@@ -52,16 +52,15 @@ def _assistant(body: dict) -> catalog.Resolved:
 
 
 def create_run(request, thread: Thread, body: dict) -> Run:
-    """Start or resume a run of `thread` as the body asks, with its webhook.
-
-    Without a webhook the run services' own transaction is the request's:
-    wrapped in another, theirs would be a savepoint whose release is one
-    more round trip after the `run.queued` audit event, with the tenant's
-    audit sequence row held (audit.services.record) by every run start."""
-    if not body.get("webhook"):
-        return _queue_run(request, thread, body)
-    with transaction.atomic():
-        run = _queue_run(request, thread, body)
+    """Start or resume a run of `thread` as the body asks, with its webhook,
+    in the caller's transaction, which holds the thread's row locked and
+    read it after the lock (services.live_thread_locked): the run services'
+    `_locked` forms, so no second read of the row and no savepoint of their
+    own, whose release would be one more round trip after the `run.queued`
+    audit event, with the tenant's audit sequence row held
+    (audit.services.record)."""
+    run = _queue_run(request, thread, body)
+    if body.get("webhook"):
         run_webhook_register(run=run, thread=thread, url=body["webhook"])
     return run
 
@@ -81,7 +80,7 @@ def _queue_run(request, thread: Thread, body: dict) -> Run:
                 "a resume continues from the interrupt: no checkpoint",
                 field="checkpoint_id",
             )
-        return services.run_resume(
+        return services.run_resume_locked(
             thread=thread,
             resume=body["command"]["resume"],
             actor=actor,
@@ -91,7 +90,7 @@ def _queue_run(request, thread: Thread, body: dict) -> Run:
         )
     if checkpoint_id_of(body):
         require_time_travel(request)
-    return services.run_start(
+    return services.run_start_locked(
         thread=thread,
         input=body.get("input"),
         actor=actor,
@@ -104,27 +103,41 @@ def _queue_run(request, thread: Thread, body: dict) -> Run:
 
 class ThreadRunsMixin:
     def start(self, request, thread_id: str) -> tuple[dict, Thread, Run]:
-        """Validate the body, find (or create) the thread, create the run."""
-        body = validated(RunCreate, request.data)
-        thread = self.thread_for_run(request, thread_id, body)
-        return body, thread, create_run(request, thread, body)
+        """Validate the body, find (or create) the thread, create the run.
 
-    def thread_for_run(self, request, thread_id: str, body: dict) -> Thread:
-        """The run's thread; created first when `if_not_exists` says so."""
-        try:
-            return self.thread(thread_id)
-        except exceptions.NotFound:
+        The thread is found and locked in one statement, in the transaction
+        of the run it starts (as /api/v1's run start: runs.api.views). A thread
+        that `if_not_exists` creates is made in its own transaction first,
+        kept whatever the run's start then answers, as before."""
+        body = validated(RunCreate, request.data)
+        started = self._start_locked(request, thread_id, body)
+        if started is None:
             if body["if_not_exists"] != "create":
-                raise
-        try:
-            return services.thread_create(
-                tenant=request.principal.tenant,
-                agent=_assistant(body).name,
-                actor=actor_for(request),
-                thread_id=thread_id,
-            )
-        except StateConflict:
-            return self.thread(thread_id)  # created meanwhile by another request
+                raise self.not_found(thread_id)
+            try:
+                services.thread_create(
+                    tenant=request.principal.tenant,
+                    agent=_assistant(body).name,
+                    actor=actor_for(request),
+                    thread_id=thread_id,
+                )
+            except StateConflict:
+                pass  # created meanwhile by another request
+            started = self._start_locked(request, thread_id, body)
+            if started is None:  # deleted meanwhile
+                raise self.not_found(thread_id)
+        return (body, *started)
+
+    @staticmethod
+    def _start_locked(request, thread_id: str, body: dict) -> tuple[Thread, Run] | None:
+        """The run created in a transaction holding the tenant's live thread
+        `thread_id` locked; None, and nothing done, if there is no such
+        thread."""
+        with transaction.atomic():
+            thread = services.live_thread_locked(request.principal.tenant, thread_id)
+            if thread is None:
+                return None
+            return thread, create_run(request, thread, body)
 
 
 def _target(request, run: Run) -> relay.Target:
@@ -155,8 +168,9 @@ class ThreadRunsView(ThreadRunsMixin, ProtocolView):
         )
 
     def post(self, request, thread_id):
+        # The thread as the run's start left it (its agent bound, if it had
+        # none): the row read under the lock and changed by the start.
         _, thread, run = self.start(request, thread_id)
-        thread.refresh_from_db()
         return Response(
             shapes.run_of(run, thread),
             headers={"Content-Location": _run_path(thread, run)},

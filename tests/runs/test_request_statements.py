@@ -5,6 +5,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from agent_protocol import shapes
 from runs.models import Thread
 from tests.factories import tenant_with_client
 
@@ -135,6 +136,39 @@ def test_an_agent_protocol_run_start_ends_on_its_audit_event():
         i for i, s in enumerate(sql) if 'INSERT INTO "audit_auditevent"' in s
     )
     assert sql[event + 1].startswith("RELEASE SAVEPOINT"), sql[event:]
+
+
+def test_an_agent_protocol_run_start_reads_its_thread_once_locked():
+    """As /api/v1's: the thread found and locked in one statement, not read
+    again by the run services nor for the answer (its agent bound on the row
+    read under the lock); the same for a start that creates its thread."""
+    _, client = tenant_with_client()
+    thread_id = client.post("/langgraph/threads", {}, format="json").json()["thread_id"]
+    body = {
+        "assistant_id": "refund",
+        "input": {"customer_message": "hi", "order": {"id": "A-4"}},
+    }
+    with CaptureQueriesContext(connection) as captured:
+        started = client.post(
+            f"/langgraph/threads/{thread_id}/runs", body, format="json"
+        )
+    assert started.status_code == 200, started.content
+    assert started.json()["assistant_id"] == shapes.assistant_id_of("refund", "1")
+    queries = captured.captured_queries
+    assert _statements(queries, "SELECT", "runs_thread") == 1
+    assert "FOR NO KEY UPDATE" in next(
+        q["sql"] for q in queries if q["sql"].startswith('SELECT "runs_thread"')
+    )
+    with CaptureQueriesContext(connection) as captured:
+        created = client.post(
+            "/langgraph/threads/t-new/runs",
+            {**body, "if_not_exists": "create"},
+            format="json",
+        )
+    assert created.status_code == 200, created.content
+    # Not found, then made, then found and locked with the run's start.
+    assert _statements(captured.captured_queries, "SELECT", "runs_thread") == 2
+    assert Thread.objects.get(thread_id="t-new").status == Thread.Status.RUNNING
 
 
 def test_the_approvals_list_reads_a_page_in_one_statement_of_what_it_shows():
