@@ -177,6 +177,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             if verdict is not None:
                 PrincipalRateThrottle.counted(request, budget[0], *verdict)
         else:
+            # Before the read: a change of access refused or waited for.
+            if epoch is not None and not key_cache.register():
+                epoch = None  # not kept: read again next time
             api_key = self._verified(prefix, secret)
             if api_key is None:
                 failures.record_failure()

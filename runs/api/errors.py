@@ -188,11 +188,22 @@ def outage_response(request, error: BaseException) -> HttpResponse:
 
 class OutageMiddleware(MiddlewareMixin):
     """Answers 503 instead of 500 when a view (the admin, /langgraph/, any
-    view outside DRF) fails because the database or the broker is down."""
+    view outside DRF) fails because the database or the broker is down, or
+    refuses a change of access it could not announce to the web processes
+    (`runs.api.key_cache.AccessChangeUnannounced`: a misconfigured cache)."""
 
     def process_exception(self, request, exception):
+        from runs.api.key_cache import AccessChangeUnannounced
+
         if outages.is_outage(exception):
             return outage_response(request, exception)
+        if isinstance(exception, AccessChangeUnannounced):
+            logger.error("%s %s: %s", request.method, request.path, exception)
+            return HttpResponse(
+                f"{exception.detail}\n",
+                status=503,
+                content_type="text/plain; charset=utf-8",
+            )
         return None
 
 

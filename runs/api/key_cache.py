@@ -15,6 +15,21 @@ past the commit.
 Only with Redis as the cache: with a per-process cache (the embedded mode's
 default, locmem) another process's revocation could not be seen, so every
 request reads its key from the database, as before.
+
+A process that changes access must replace the epoch in the Redis the web
+processes read, and only its own configuration (`CACHE_URL`) says which Redis
+that is: an operator's shell without it would revoke a key the web processes
+go on accepting. So a web process first says, in the database that every
+process changing access writes to anyway, that it keeps keys in a cache, by a
+token that cache holds (`KeyCacheStore`, at most once a minute, before the
+read of a key it will keep), and a change that could take access away (a
+key, membership, user or tenant changed or deleted; not one created) is
+refused, before it is written and in its transaction, while a web process may
+still hold keys kept in a cache this process's cache is not: nothing done,
+rather than a revocation that is not one. The registrations are read with a
+lock that a registration waits for, so a web process that registers during
+the change reads the key after it has committed. No request reads the
+database for this: a registration is a write per web process per minute.
 """
 
 from __future__ import annotations
@@ -26,14 +41,17 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.db import transaction
-from django.db.models.signals import post_delete, post_save
+from django.db import connection, transaction
+from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
+from django.utils import timezone
+from rest_framework import exceptions
 
 from runs.api.throttling import redis_cache
-from runs.models import ApiKey, Membership, Tenant
+from runs.models import ApiKey, KeyCacheStore, Membership, Tenant
 
 EPOCH_KEY = "gatehouse:access-epoch"
 # An epoch that expires is replaced by a new one: every process reads again.
@@ -42,6 +60,24 @@ EPOCH_SECONDS = 24 * 3600
 # bound on what a write that sends no signal (a bulk `update()`) can leave stale.
 MAX_AGE_SECONDS = 300
 MAX_KEYS = 10_000
+# The token of the cache keys are kept in (`KeyCacheStore`): made by the first
+# web process that keeps a key in it.
+STORE_KEY = "gatehouse:key-cache-store"
+# A web process keeps keys for this long after it last registered...
+REGISTER_SECONDS = 60
+# ...each for at most MAX_AGE_SECONDS: a registration is live while keys kept
+# under it may be, with a minute more for two machines' clocks.
+LIVE_SECONDS = REGISTER_SECONDS + MAX_AGE_SECONDS + 60
+# Fields whose change takes no access away (a sign-in, a use).
+_NOT_ACCESS = frozenset({"last_login", "last_used_at"})
+
+
+class AccessChangeUnannounced(exceptions.APIException):
+    """A change of access this process cannot announce to the web processes
+    that keep API keys: refused, nothing done."""
+
+    status_code = 503
+    default_code = "access_change_unannounced"
 
 
 @dataclass
@@ -53,6 +89,8 @@ class _Kept:
 
 _kept: OrderedDict[str, _Kept] = OrderedDict()
 _lock = threading.Lock()
+# When this process last registered its keeping keys (monotonic), if it did.
+_registered_at: float | None = None
 
 
 def enabled() -> bool:
@@ -84,9 +122,45 @@ def use(kept: _Kept) -> ApiKey:
     return copy.copy(kept.api_key)
 
 
+def register() -> bool:
+    """Say in the database that this process keeps keys in its cache, before
+    it reads a key to keep (at most once every REGISTER_SECONDS). False when
+    it cannot say so now: inside a transaction, which could roll back what it
+    said. Then the key read is not kept."""
+    global _registered_at
+    if not enabled():
+        return False
+    started = time.monotonic()
+    if _registered_at is not None and started - _registered_at < REGISTER_SECONDS:
+        return True
+    cache.add(STORE_KEY, secrets.token_hex(16), timeout=None)
+    store = cache.get(STORE_KEY)
+    if store is None:
+        return False
+    try:
+        # Committed here (durable), and waits for a change of access reading
+        # the registrations (its lock).
+        with transaction.atomic(durable=True):
+            KeyCacheStore.objects.bulk_create(
+                [KeyCacheStore(store=store, seen_at=timezone.now())],
+                update_conflicts=True,
+                unique_fields=["store"],
+                update_fields=["seen_at"],
+            )
+    except RuntimeError:  # "cannot be nested": in a transaction of the caller
+        return False
+    _registered_at = started
+    return True
+
+
 def keep(api_key: ApiKey, epoch: bytes | None) -> None:
-    """Keep a key just read from the database (the epoch read before it)."""
-    if epoch is None:
+    """Keep a key just read from the database (the epoch read before it,
+    after `register()` said so)."""
+    if (
+        epoch is None
+        or _registered_at is None
+        or time.monotonic() - _registered_at > REGISTER_SECONDS
+    ):
         return
     # Loaded now, under the epoch read before the key: a personal key's
     # membership is part of what the epoch covers.
@@ -106,25 +180,65 @@ def touched(prefix: str, last_used_at) -> None:
 
 def new_epoch() -> None:
     """Every process reads its keys from the database again."""
+    global _registered_at
     with _lock:
         _kept.clear()
+        # And says again where it keeps them (a test's database rolled back).
+        _registered_at = None
     if enabled():
         cache.set(EPOCH_KEY, fresh_epoch(), timeout=EPOCH_SECONDS)
 
 
+def _takes_no_access(update_fields) -> bool:
+    return update_fields is not None and set(update_fields) <= _NOT_ACCESS
+
+
+def _refuse_unannounced(sender, instance=None, update_fields=None, **kwargs):
+    """Before a change that could take access away: refuse it if a web process
+    may keep keys in a cache whose epoch this process cannot replace."""
+    if kwargs.get("raw") or _takes_no_access(update_fields):
+        return
+    if kwargs.get("signal") is pre_save and instance._state.adding:
+        return  # a grant: no kept key is made any less valid by it
+    if connection.vendor == "postgresql" and connection.in_atomic_block:
+        # Held to the commit: a web process registering now waits, then reads
+        # the key as this change leaves it.
+        with connection.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {KeyCacheStore._meta.db_table} IN SHARE MODE")
+    since = timezone.now() - timedelta(seconds=LIVE_SECONDS)
+    live = set(
+        KeyCacheStore.objects.filter(seen_at__gte=since).values_list("store", flat=True)
+    )
+    if not live:
+        return
+    mine = cache.get(STORE_KEY) if enabled() else None
+    if live - {mine}:
+        raise AccessChangeUnannounced(
+            "Web processes keep verified API keys in a cache (Redis) this "
+            "process's CACHE_URL does not name, where it cannot tell them of "
+            "this change: they would go on accepting what it revokes for up "
+            f"to {MAX_AGE_SECONDS} s. Refused, nothing changed: make it with "
+            "the web processes' CACHE_URL (docs/configuration.md)."
+        )
+
+
 def _access_changed(sender, instance=None, update_fields=None, **kwargs) -> None:
-    if update_fields is not None and set(update_fields) <= {
-        "last_login",
-        "last_used_at",
-    }:
+    if _takes_no_access(update_fields):
         return  # a sign-in or a use, not a change of access
     new_epoch()
     transaction.on_commit(new_epoch)
 
 
 def connect() -> None:
-    """Replace the epoch on every change to keys, memberships, users, tenants."""
+    """Replace the epoch on every change to keys, memberships, users, tenants,
+    and refuse one that could not be announced."""
     for model in (ApiKey, Membership, Tenant, get_user_model()):
+        pre_save.connect(
+            _refuse_unannounced, sender=model, dispatch_uid=f"refuse-{model}"
+        )
+        pre_delete.connect(
+            _refuse_unannounced, sender=model, dispatch_uid=f"refuse-del-{model}"
+        )
         post_save.connect(_access_changed, sender=model, dispatch_uid=f"epoch-{model}")
         post_delete.connect(
             _access_changed, sender=model, dispatch_uid=f"epoch-del-{model}"

@@ -6,6 +6,7 @@ from runs.models.streaming import RunStreamEvent
 from runs.models.tenancy import (
     ApiKey,
     IdempotencyRecord,
+    KeyCacheStore,
     Membership,
     Role,
     Scope,
@@ -20,6 +21,7 @@ __all__ = [
     "ChannelBlob",
     "Checkpoint",
     "IdempotencyRecord",
+    "KeyCacheStore",
     "Membership",
     "PendingWrite",
     "RecordedValue",

@@ -216,3 +216,18 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.method} {self.path} [{self.key}]"
+
+
+class KeyCacheStore(models.Model):
+    """A shared cache (Redis) in which web processes keep the API keys they
+    verified (`runs.api.key_cache`), by the token that cache holds, and when a
+    web process last said it kept keys there. While one is in use, a change of
+    access made by a process whose cache is not that one (which could not
+    replace the access epoch those processes read) is refused: it would not
+    reach them."""
+
+    store = models.CharField(primary_key=True, max_length=32)
+    seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"key cache {self.store} (seen {self.seen_at:%Y-%m-%d %H:%M:%S})"

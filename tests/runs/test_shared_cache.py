@@ -11,10 +11,11 @@ from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from audit.models import AuditEvent
 from audit.services import Actor
 from runs import services
 from runs.api import key_cache
-from runs.models import ApiKey, Membership
+from runs.models import ApiKey, KeyCacheStore, Membership
 from tests.factories import (
     api_client,
     make_api_key,
@@ -252,21 +253,154 @@ def test_one_redis_connection_serves_every_request_of_a_web_process(transactiona
         server.stop()
 
 
-def test_revoking_from_a_process_without_redis_says_the_web_is_not_told(settings):
-    """The default cache (locmem) in production: the command cannot replace
-    the access epoch the web processes read, and says so."""
+def _os_env(**variables: str) -> dict[str, str]:
+    """A shell as the suite's processes have it (the test database and
+    broker), without CACHE_URL unless given."""
+    import os
+
+    from tests.workers import suite_database_url
+
+    env = {k: v for k, v in os.environ.items() if k != "CACHE_URL"}
+    return {
+        **env,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": suite_database_url(),
+        "CELERY_BROKER_URL": django_settings.CELERY_BROKER_URL,
+        **variables,
+    }
+
+
+def test_a_revocation_that_cannot_reach_the_web_processes_is_refused(
+    transactional_db,
+):
+    """Review finding MED 1, with real processes: a web process (gunicorn,
+    Redis as its cache) keeps a key; `manage.py revoke_api_key` in a shell
+    without its CACHE_URL (locmem) could not replace the epoch it reads, and
+    refuses, changing nothing (another Redis: the test of every path); with the web's
+    CACHE_URL the key is refused by the web at its next request."""
+    import httpx
+
+    from tests.deployment.processes import manage
+    from tests.servers import LiveServer
+
+    location = django_settings.CELERY_BROKER_URL.replace("redis://", "rediscache://")
+    webs = location
+    server = LiveServer(workers=1, env={"CACHE_URL": webs}, name="h5-keep")
+    try:
+        api_key, secret = make_api_key(make_tenant())
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {secret}"}
+        ) as http:
+            assert http.get("/api/v1/agents").status_code == 200
+            assert http.get("/api/v1/agents").status_code == 200  # kept
+            assert KeyCacheStore.objects.count() == 1
+            refused = manage("revoke_api_key", api_key.prefix, env=_os_env())
+            assert refused.returncode == 1, refused.stderr
+            assert "Refused, nothing changed" in refused.stderr
+            assert "Traceback" not in refused.stderr
+            assert ApiKey.objects.get(pk=api_key.pk).revoked_at is None
+            assert not AuditEvent.objects.filter(
+                kind="api_key.revoked", data__prefix=api_key.prefix
+            ).exists()
+            assert http.get("/api/v1/agents").status_code == 200
+            done = manage("revoke_api_key", api_key.prefix, env=_os_env(CACHE_URL=webs))
+            assert done.returncode == 0, done.stderr
+            assert http.get("/api/v1/agents").status_code == 401
+    finally:
+        server.stop()
+
+
+def test_without_web_processes_keeping_keys_a_revocation_needs_no_redis(settings):
+    """The per-process cache (the embedded mode's, and production's with one
+    web process): no key is kept, nothing registered, a revocation anywhere
+    is seen at the next request."""
     settings.GATEHOUSE_EMBEDDED = False
     api_key, secret = make_api_key(make_tenant())
-    err = io.StringIO()
-    call_command("revoke_api_key", api_key.prefix, stdout=io.StringIO(), stderr=err)
-    assert "CACHE_URL is not Redis" in err.getvalue()
-    assert f"up to {key_cache.MAX_AGE_SECONDS} s" in err.getvalue()
-
-
-def test_revoking_with_redis_as_the_cache_warns_of_nothing(redis_cache, settings):
-    settings.GATEHOUSE_EMBEDDED = False
-    api_key, _ = make_api_key(make_tenant())
-    err = io.StringIO()
-    call_command("revoke_api_key", api_key.prefix, stdout=io.StringIO(), stderr=err)
+    client = api_client(secret)
+    assert client.get("/api/v1/agents").status_code == 200
+    assert not KeyCacheStore.objects.exists()
+    out, err = io.StringIO(), io.StringIO()
+    call_command("revoke_api_key", api_key.prefix, stdout=out, stderr=err)
     assert err.getvalue() == ""
     assert ApiKey.objects.get(pk=api_key.pk).revoked_at is not None
+    assert client.get("/api/v1/agents").status_code == 401
+
+
+def test_a_web_process_keeping_keys_registers_its_cache_once(redis_cache):
+    _, client = tenant_with_client()
+    with CaptureQueriesContext(connection) as first:
+        assert client.get("/api/v1/agents").status_code == 200
+    with CaptureQueriesContext(connection) as second:
+        assert client.get("/api/v1/agents").status_code == 200
+    [store] = KeyCacheStore.objects.all()
+    from django.core.cache import cache
+
+    assert store.store == cache.get(key_cache.STORE_KEY)
+    registered = [q for q in first.captured_queries if "runs_keycachestore" in q["sql"]]
+    assert len(registered) == 1
+    assert not [q for q in second.captured_queries if "runs_keycachestore" in q["sql"]]
+    assert _key_queries(second.captured_queries) == []
+
+
+def test_a_change_the_web_processes_would_not_see_is_refused_on_every_path(
+    redis_cache, settings
+):
+    """Web processes keep keys in a cache that is not this process's (another
+    Redis, registered): REST answers 503 and every other path raises, before
+    anything is written, the audit event with it."""
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from tests.approvals.helpers import logged_in
+
+    settings.GATEHOUSE_EMBEDDED = False
+    tenant, client = tenant_with_client()
+    assert client.get("/api/v1/agents").status_code == 200
+    member = make_member(tenant, role="reviewer")
+    target, _ = make_api_key(tenant, scopes=["approvals"], user=member.user)
+    session = logged_in(member.user)
+    KeyCacheStore.objects.create(store="another-redis", seen_at=timezone.now())
+    events = AuditEvent.objects.count()
+    url = f"/admin/runs/apikey/personal/{target.pk}/revoke/"
+    answer = session.post(url)
+    assert answer.status_code == 503, answer.content
+    assert "Refused, nothing changed" in answer.content.decode()
+    assert ApiKey.objects.get(pk=target.pk).revoked_at is None
+    assert AuditEvent.objects.count() == events
+    with pytest.raises(key_cache.AccessChangeUnannounced):
+        services.api_key_revoke(api_key=target, actor=Actor.system("tests"))
+    with pytest.raises(key_cache.AccessChangeUnannounced):
+        services.membership_remove(membership=member, actor=Actor.system("tests"))
+    assert Membership.objects.filter(pk=member.pk).exists()
+    user = get_user_model().objects.get(pk=member.user_id)
+    user.is_active = False
+    with pytest.raises(key_cache.AccessChangeUnannounced):
+        user.save()
+    # A grant takes nothing away: allowed.
+    make_api_key(tenant)
+    # A registration older than any key kept under it: no longer in the way.
+    KeyCacheStore.objects.filter(store="another-redis").update(
+        seen_at=timezone.now() - timezone.timedelta(seconds=key_cache.LIVE_SECONDS + 1)
+    )
+    assert session.post(url).status_code == 302
+    assert ApiKey.objects.get(pk=target.pk).revoked_at is not None
+
+
+def test_a_registration_waits_for_a_change_of_access_in_progress(redis_cache):
+    """A web process registering while a change reads the registrations waits
+    for its commit, so reads the key as the change left it."""
+    import psycopg
+
+    from tests.workers import suite_database_url
+
+    with psycopg.connect(suite_database_url(), autocommit=False) as other:
+        other.execute("LOCK TABLE runs_keycachestore IN SHARE MODE")
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '300ms'")
+            try:
+                with pytest.raises(Exception, match="lock timeout"):
+                    key_cache.register()
+            finally:
+                cursor.execute("SET lock_timeout = 0")
+        other.rollback()
+    assert key_cache.register()
