@@ -21,7 +21,9 @@ and CPU per complete run, inclusive, on the thread that ran it. `--show`:
 the statements of one run, with their CPU. `--ab FILE`: FILE defines
 `switch(on)`, called before each flow with on for every other one (patch a
 function and its imports by name to compare two versions in one process,
-interleaved, whatever the load on the machine); both halves' figures.
+interleaved, whatever the load on the machine); both halves' figures, the
+splits' too (split a caller of what the switch swaps, not the function
+itself: the switch would swap the split's wrapper away).
 `--celery`: executes through the Celery task's tracer (as a pool process
 runs it: signals, the connection handling around it) instead of calling
 execute.
@@ -130,7 +132,16 @@ def instrument_pool() -> None:
     graph_executor._in_run = in_run
 
 
-SPLITS: dict[str, list] = {}  # name -> [calls, CPU seconds]
+# name -> [calls, CPU seconds] of each half of an A/B (B's while SPLIT_B.on),
+# the one half without.
+SPLITS: dict[str, list] = {}
+SPLITS_B: dict[str, list] = {}
+
+
+class SPLIT_B:  # noqa: N801  a flag: the flow under way is an A/B's B half
+    on = False
+
+
 _SPLIT_DEPTH = threading.local()
 
 
@@ -146,7 +157,7 @@ def instrument_splits(names: list[str]) -> None:
         for part in path:
             owner = getattr(owner, part)
         original = owner.__dict__[attr]
-        SPLITS[name] = [0, 0.0]
+        SPLITS[name], SPLITS_B[name] = [0, 0.0], [0, 0.0]
 
         def wrapper(*args, __original=original, __name=name, **kwargs):
             if not COUNTS.on:
@@ -159,7 +170,7 @@ def instrument_splits(names: list[str]) -> None:
             finally:
                 setattr(_SPLIT_DEPTH, __name, depth)
                 if depth == 0:
-                    figures = SPLITS[__name]
+                    figures = (SPLITS_B if SPLIT_B.on else SPLITS)[__name]
                     figures[0] += 1
                     figures[1] += time.thread_time() - c0
 
@@ -311,12 +322,13 @@ async def main(args) -> None:
     for i in range(args.n + args.warm):
         case = f"w{stamp}-{i}"
         if i == args.warm:
-            for figures in SPLITS.values():
+            for figures in (*SPLITS.values(), *SPLITS_B.values()):
                 figures[:] = [0, 0.0]
         profile = bool(args.profile) and i >= args.warm
         b_side = switch is not None and i % 2 == 1
         if switch is not None:
             switch(b_side)
+        SPLIT_B.on = b_side
         COUNTS.show = args.show and i == args.warm
         for phase in ("start", "resume"):
             if phase == "start":
@@ -338,10 +350,15 @@ async def main(args) -> None:
     report(results, "" if switch is None else "A (switch off)")
     if switch is not None:
         report(results_b, "B (switch on)")
-    if SPLITS:
-        print("CPU per complete run (start + resume), ms, inclusive:")
-        for name, (calls, cpu) in SPLITS.items():
-            print(f"  {cpu * 1000 / args.n:6.2f}  {calls / args.n:5.1f} calls  {name}")
+    halves = [("", SPLITS, args.n)]
+    if switch is not None:
+        halves = [("A ", SPLITS, len(results["start"]))]
+        halves.append(("B ", SPLITS_B, len(results_b["start"])))
+    for label, splits, runs in halves:
+        if splits and runs:
+            print(f"{label}CPU per complete run (start + resume), ms, inclusive:")
+            for name, (calls, cpu) in splits.items():
+                print(f"  {cpu * 1000 / runs:6.2f}  {calls / runs:5.1f} calls  {name}")
     if args.profile:
         stats = pstats.Stats(PROFILES.all[0])
         for other in PROFILES.all[1:]:
