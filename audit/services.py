@@ -137,19 +137,35 @@ def _event(
         **cleaned,
     }
     summary = declared.summarise(**context)
-    return AuditEvent(
-        tenant=tenant,
-        actor_type=actor.type,
-        actor_id=str(actor.id)[:64],
-        actor_label=actor.label[:200],
-        actor_on_behalf_of=actor.on_behalf_of[:200],
-        kind=declared.name,
-        thread_id=thread_id,
-        run_id=run_id,
-        action=action[:100],
-        summary=summary[:500],
-        data=cleaned,
-    )
+    values = {
+        "id": None,
+        "tenant_id": tenant.pk,
+        # Both given by the insert that numbers the event.
+        "seq": None,
+        "occurred_at": None,
+        "actor_type": actor.type,
+        "actor_id": str(actor.id)[:64],
+        "actor_label": actor.label[:200],
+        "actor_on_behalf_of": actor.on_behalf_of[:200],
+        "kind": declared.name,
+        "thread_id": thread_id,
+        "run_id": run_id,
+        "action": action[:100],
+        "summary": summary[:500],
+        "data": cleaned,
+    }
+    # Built from its columns in order, as Django builds a row it read: the
+    # keyword path (each field found by name, the relation's checks) was most
+    # of an event's construction, on every event. A column added to the
+    # model and not to `values` is a KeyError here, never a silent default.
+    event = AuditEvent(*(values[name] for name in _event_columns()))
+    AuditEvent.tenant.field.set_cached_value(event, tenant)  # as tenant= does
+    return event
+
+
+@cache
+def _event_columns() -> tuple[str, ...]:
+    return tuple(field.attname for field in AuditEvent._meta.concrete_fields)
 
 
 def record(
@@ -197,10 +213,14 @@ def _insert(event: AuditEvent) -> None:
 def _announce_on_commit(event: AuditEvent) -> None:
     batch = _announcing()
     event._announced_with = batch
-    # Every event registers the close: whichever savepoint rolls back,
-    # the commit that announces it ends its batch first.
-    transaction.on_commit(batch.close)
-    transaction.on_commit(partial(announce_event, event), robust=True)
+    # Every event closes its batch before it is announced: whichever
+    # savepoint rolls back, the commit that announces it ends its batch first.
+    transaction.on_commit(partial(_close_and_announce, batch, event), robust=True)
+
+
+def _close_and_announce(batch: _Batch, event: AuditEvent) -> None:
+    batch.close()
+    announce_event(event)
 
 
 Write = tuple[str, Sequence[Any]]
@@ -443,9 +463,17 @@ def _no_sequence_row(error: DataError) -> bool:
 def _sequenced_params(
     event: AuditEvent, now: datetime.datetime, fields: tuple[models.Field, ...]
 ) -> list[Any]:
-    return [now, event.tenant_id] + [
-        f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields
-    ]
+    params = [now, event.tenant_id]
+    for field in fields:
+        value = getattr(event, field.attname)
+        # A plain CharField saves a str as it is (Field.get_db_prep_value of
+        # get_prep_value, whose to_python returns it): the calls that say so
+        # were a good part of an event's parameters. Other values (an enum's
+        # member, the data's dict, the tenant's key) take them.
+        if type(value) is not str or type(field) is not models.CharField:
+            value = field.get_db_prep_save(value, connection)
+        params.append(value)
+    return params
 
 
 def _insert_sequenced(event: AuditEvent, now: datetime.datetime) -> None:
