@@ -25,6 +25,16 @@ IN_FLIGHT = (Thread.Status.RUNNING, Thread.Status.INTERRUPTED)
 
 def jsonable(value: Any) -> Any:
     """State values as JSON: messages and models as their fields."""
+    # The usual values first, by their exact types: the checks below, against
+    # ABCs and unions, cost more than these values' conversion (a run's end
+    # event walks its state's values with this).
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind is dict:
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [jsonable(item) for item in value]
     if isinstance(value, Mapping):
         return {str(key): jsonable(item) for key, item in value.items()}
     if isinstance(value, Interrupt):
