@@ -333,7 +333,10 @@ def _open(
 
 def _pack(parts: Sequence[Any]) -> bytes:
     for part in parts:
-        if not isinstance(part, (str, int)) or isinstance(part, bool):
+        kind = type(part)  # str and int themselves first: every value's AAD
+        if kind is not str and kind is not int and (
+            not isinstance(part, (str, int)) or isinstance(part, bool)
+        ):
             raise TypeError(
                 f"associated data parts must be str or int, not {type(part).__name__}"
             )
