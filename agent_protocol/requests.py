@@ -13,6 +13,7 @@ from typing import Any
 from rest_framework import serializers
 
 from runs.api.fields import StrictBooleanField
+from runs.api.serializers import body_validated
 from runs.errors import InvalidRequest
 from runs.models import Run
 
@@ -334,6 +335,4 @@ class RunsCancel(serializers.Serializer):
 
 
 def validated(serializer_class, data) -> dict:
-    body = serializer_class(data=data if data is not None else {})
-    body.is_valid(raise_exception=True)
-    return body.validated_data
+    return body_validated(serializer_class, data if data is not None else {})

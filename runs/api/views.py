@@ -34,6 +34,7 @@ from runs.api.serializers import (
     ThreadCreateSerializer,
     ThreadDetailSerializer,
     ThreadSerializer,
+    body_validated,
     represent,
 )
 from runs.errors import InvalidRequest
@@ -63,9 +64,7 @@ def actor_for(request) -> Actor:
 
 def validated(serializer_class, request) -> dict:
     """The request body checked by a serializer: a 400 naming fields otherwise."""
-    body = serializer_class(data=request.data)
-    body.is_valid(raise_exception=True)
-    return body.validated_data
+    return body_validated(serializer_class, request.data)
 
 
 def queued(run: Run) -> Response:

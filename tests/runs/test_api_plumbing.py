@@ -377,3 +377,32 @@ def test_a_client_cannot_pick_its_own_address_with_x_forwarded_for():
         for i in range(5)
     ]
     assert statuses == [401, 401, 401, 429, 429]
+
+
+def test_a_body_serializer_checks_the_next_body_with_nothing_of_the_last():
+    """body_validated keeps a serializer for the next body: a refused body
+    leaves no error, a checked one no value, and each body's defaults are its
+    own (a default that is a mutable value is refused, as it would be shared)."""
+    from rest_framework import serializers
+    from rest_framework.exceptions import ValidationError
+
+    from runs.api.serializers import _IDLE, ThreadCreateSerializer, body_validated
+
+    first = body_validated(ThreadCreateSerializer, {"agent": "refund"})
+    first["metadata"]["mine"] = True
+    with pytest.raises(ValidationError) as refused:
+        body_validated(ThreadCreateSerializer, {"thread_id": "x" * 300})
+    assert set(refused.value.detail) == {"thread_id", "agent"}
+    second = body_validated(
+        ThreadCreateSerializer, {"agent": "other", "thread_id": "t"}
+    )
+    assert second == {"agent": "other", "thread_id": "t", "metadata": {}}
+    assert first == {"agent": "refund", "metadata": {"mine": True}}
+    for kept in _IDLE[ThreadCreateSerializer]:
+        assert not {"initial_data", "_validated_data", "_errors"} & set(vars(kept))
+
+    class SharedDefault(serializers.Serializer):
+        tags = serializers.ListField(child=serializers.CharField(), default=[])
+
+    with pytest.raises(TypeError, match="SharedDefault.tags"):
+        body_validated(SharedDefault, {})
