@@ -46,7 +46,13 @@ def compiled(spec: registry.AgentSpec, tenant) -> Pregel:
     """The agent version's compiled graph, checkpointing for `tenant`."""
     template = _template(spec, tenant)
     return template.copy(
-        update={"checkpointer": template.checkpointer.for_tenant(tenant)}
+        update={
+            "checkpointer": template.checkpointer.for_tenant(tenant),
+            # The template was validated when it was compiled, and the copy
+            # changes its saver only, which validation does not look at:
+            # validating again was most of the copy's CPU, on every run.
+            "auto_validate": False,
+        }
     )
 
 
