@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 
+from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache as DjangoRedisCache
 from django.core.cache.backends.redis import RedisCacheClient
 
@@ -55,3 +56,9 @@ class RedisCache(DjangoRedisCache):
     def __init__(self, server, params) -> None:
         super().__init__(server, params)
         self._class = _PooledClients
+
+
+def redis_cache() -> DjangoRedisCache | None:
+    """The default cache when it is Redis (`cache` is a proxy: ask the backend)."""
+    backend = caches["default"]
+    return backend if isinstance(backend, DjangoRedisCache) else None

@@ -7,3 +7,7 @@ class WebhooksConfig(AppConfig):
 
     def ready(self) -> None:
         from webhooks import receivers, tasks  # noqa: F401  connects and registers
+        from webhooks.models import WebhookSubscription
+        from webhooks.services import SUBSCRIPTIONS_EPOCH
+
+        SUBSCRIPTIONS_EPOCH.watch(WebhookSubscription)

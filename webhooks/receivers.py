@@ -15,9 +15,7 @@ from webhooks.services import delivery_queue, event_body, subscriptions_at
 def queue_subscribed_deliveries(sender, *, event, **kwargs) -> None:
     if event.kind not in EVENTS:
         return
-    for subscription in subscriptions_at(event):
-        if event.kind not in subscription.events:
-            continue
+    for subscription in subscriptions_at(event, wanting=event.kind):
         with_content = subscription.include_content and content.run_values(event)
         if with_content:
             thread, values = with_content

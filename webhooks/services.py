@@ -27,6 +27,9 @@ import base64
 import ipaddress
 import json
 import socket
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -44,6 +47,7 @@ from audit.services import Actor, once_per_commit, record
 from runs import crypto
 from runs.crypto import ThreadCipher
 from runs.dispatch import task_send_on_commit
+from runs.epochs import SharedEpoch
 from runs.errors import InvalidRequest
 from runs.fixed_queries import FixedQuery
 from runs.models import Run, Tenant, Thread
@@ -196,15 +200,96 @@ _TENANT_SUBSCRIPTIONS = FixedQuery(
 )
 
 
-def subscriptions_at(event: AuditEvent) -> list[WebhookSubscription]:
-    """The tenant's subscriptions when `event` is announced: read once for
-    all the events its transaction committed (audit.services.once_per_commit)."""
+# What this process knows of each tenant's subscriptions without reading
+# them: the events they want, or None when the tenant has none; kept under
+# the subscriptions' epoch (runs.epochs), which every subscription saved or
+# deleted replaces, in whichever process. Most tenants have none, and most
+# commits record an event a subscription could want: here that costs a GET
+# in Redis, not a query. Only what no subscription wants is skipped: a
+# deleted subscription is never posted to, its rows are read. Read again at
+# least this often, whatever the epoch says: a bound on how late a
+# subscription made where the epoch cannot be replaced (a shell whose
+# CACHE_URL is not the web's Redis, a write that sends no signal) is seen.
+MAX_AGE_SECONDS = 60
+MAX_TENANTS = 10_000
+
+
+@dataclass(frozen=True)
+class _Kept:
+    epoch: int
+    read_at: float
+    events: frozenset[str] | None
+
+
+_kept: OrderedDict[int, _Kept] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def _forget() -> None:
+    with _kept_lock:
+        _kept.clear()
+
+
+SUBSCRIPTIONS_EPOCH = SharedEpoch("gatehouse:webhook-epoch", forget=_forget)
+
+
+class _TenantSubscriptions:
+    """A tenant's subscriptions as one commit's receivers see them: the
+    epoch read once, the rows read at most once, and only when what this
+    process keeps does not already say that none wants the event."""
+
+    def __init__(self, tenant_id: int) -> None:
+        self.tenant_id = tenant_id
+        # Read before the rows: a change that commits after it replaces it.
+        self.epoch = SUBSCRIPTIONS_EPOCH.current()
+        with _kept_lock:
+            kept = _kept.get(tenant_id) if self.epoch is not None else None
+        self.known = (
+            kept is not None
+            and kept.epoch == self.epoch
+            and time.monotonic() - kept.read_at <= MAX_AGE_SECONDS
+        )
+        self.events = kept.events if self.known else None
+        self._rows: list[WebhookSubscription] | None = None
+
+    def none_wants(self, kind: str | None) -> bool:
+        return self.known and (
+            self.events is None or (kind is not None and kind not in self.events)
+        )
+
+    def rows(self) -> list[WebhookSubscription]:
+        if self._rows is None:
+            self._rows = _TENANT_SUBSCRIPTIONS(self.tenant_id)
+            if self.epoch is not None:
+                events = (
+                    frozenset(e for s in self._rows for e in s.events)
+                    if self._rows
+                    else None
+                )
+                with _kept_lock:
+                    _kept[self.tenant_id] = _Kept(self.epoch, time.monotonic(), events)
+                    _kept.move_to_end(self.tenant_id)
+                    while len(_kept) > MAX_TENANTS:
+                        _kept.popitem(last=False)
+        return self._rows
+
+
+def subscriptions_at(
+    event: AuditEvent, wanting: str | None = None
+) -> list[WebhookSubscription]:
+    """The tenant's subscriptions when `event` is announced; with `wanting`,
+    those that want that kind of event. Looked up once for all the events its
+    transaction committed (audit.services.once_per_commit), and not read at
+    all when this process knows that none (that wants it) exists."""
     tenant_id = event.tenant_id
-    return once_per_commit(
+    found = once_per_commit(
         event,
         ("webhook-subscriptions", tenant_id),
-        lambda: _TENANT_SUBSCRIPTIONS(tenant_id),
+        lambda: _TenantSubscriptions(tenant_id),
     )
+    if found.none_wants(wanting):
+        return []
+    return [s for s in found.rows() if wanting is None or wanting in s.events]
 
 
 def _sealed_row(delivery: WebhookDelivery, part: str) -> tuple:

@@ -9,6 +9,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.throttling import SimpleRateThrottle
 
+from runs import epochs
 from runs.api import key_cache
 from runs.api.throttling import (
     WINDOW_FUNCTIONS,
@@ -120,8 +121,8 @@ class AuthenticationFailures(SimpleRateThrottle):
             now_ms(),
             self.duration * 1000,
             self.num_requests,
-            key_cache.fresh_epoch(),
-            key_cache.EPOCH_SECONDS,
+            epochs.fresh(),
+            epochs.SECONDS,
         ]
         if kept is not None and budget is not None:
             keys.append(budget[0])

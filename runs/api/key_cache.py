@@ -1,16 +1,13 @@
 """API keys this process has verified, so that a request costs no key query.
 
 A key found in the database is kept here (its tenant and, for a personal key,
-its owner's membership with it) under the *access epoch* it was read in: a
-random token in the shared cache (Redis) that every change to what
-authenticates a request replaces, in whichever process it happens (a key
-saved or deleted, so revoked; a membership, a user or a tenant saved or
-deleted). A request reads the epoch in the round trip that also checks its
+its owner's membership with it) under the *access epoch* it was read in
+(runs.epochs), which every change to what authenticates a request replaces
+(a key saved or deleted, so revoked; a membership, a user or a tenant saved
+or deleted). A request reads the epoch in the round trip that also checks its
 address's failed authentications (`runs.api.authentication`), and uses a kept
 key only if the epoch it was read in is still the current one: a revocation
-is seen by every process at its next request. The epoch is replaced before
-the change commits and again after it, so a key read in between is not kept
-past the commit.
+is seen by every process at its next request.
 
 Only with Redis as the cache: with a per-process cache (the embedded mode's
 default, locmem) another process's revocation could not be seen, so every
@@ -46,16 +43,13 @@ from datetime import timedelta
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
+from django.db.models.signals import pre_delete, pre_save
 from django.utils import timezone
 from rest_framework import exceptions
 
-from runs.api.throttling import redis_cache
+from runs import epochs
 from runs.models import ApiKey, KeyCacheStore, Membership, Tenant
 
-EPOCH_KEY = "gatehouse:access-epoch"
-# An epoch that expires is replaced by a new one: every process reads again.
-EPOCH_SECONDS = 24 * 3600
 # A kept key is read again at least this often, whatever the epoch says: a
 # bound on what a write that sends no signal (a bulk `update()`) can leave stale.
 MAX_AGE_SECONDS = 300
@@ -94,13 +88,7 @@ _registered_at: float | None = None
 
 
 def enabled() -> bool:
-    return redis_cache() is not None
-
-
-def fresh_epoch() -> int:
-    """A token nobody has kept keys under. An int, which Django's Redis cache
-    stores as its digits: a Lua script compares it as it is stored."""
-    return secrets.randbits(63)
+    return epochs.enabled()
 
 
 def find(prefix: str, secret_hash: str) -> _Kept | None:
@@ -178,15 +166,20 @@ def touched(prefix: str, last_used_at) -> None:
             kept.api_key.last_used_at = last_used_at
 
 
-def new_epoch() -> None:
-    """Every process reads its keys from the database again."""
+def _forget() -> None:
     global _registered_at
     with _lock:
         _kept.clear()
         # And says again where it keeps them (a test's database rolled back).
         _registered_at = None
-    if enabled():
-        cache.set(EPOCH_KEY, fresh_epoch(), timeout=EPOCH_SECONDS)
+
+
+ACCESS = epochs.SharedEpoch(
+    "gatehouse:access-epoch", forget=_forget, ignored_fields=_NOT_ACCESS
+)
+EPOCH_KEY = ACCESS.key
+# Every process reads its keys from the database again.
+new_epoch = ACCESS.renew
 
 
 def _takes_no_access(update_fields) -> bool:
@@ -222,24 +215,15 @@ def _refuse_unannounced(sender, instance=None, update_fields=None, **kwargs):
         )
 
 
-def _access_changed(sender, instance=None, update_fields=None, **kwargs) -> None:
-    if _takes_no_access(update_fields):
-        return  # a sign-in or a use, not a change of access
-    new_epoch()
-    transaction.on_commit(new_epoch)
-
-
 def connect() -> None:
     """Replace the epoch on every change to keys, memberships, users, tenants,
     and refuse one that could not be announced."""
-    for model in (ApiKey, Membership, Tenant, get_user_model()):
+    models = (ApiKey, Membership, Tenant, get_user_model())
+    for model in models:
         pre_save.connect(
             _refuse_unannounced, sender=model, dispatch_uid=f"refuse-{model}"
         )
         pre_delete.connect(
             _refuse_unannounced, sender=model, dispatch_uid=f"refuse-del-{model}"
         )
-        post_save.connect(_access_changed, sender=model, dispatch_uid=f"epoch-{model}")
-        post_delete.connect(
-            _access_changed, sender=model, dispatch_uid=f"epoch-del-{model}"
-        )
+    ACCESS.watch(*models)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import time
 import uuid
 
-from django.core.cache import caches
-from django.core.cache.backends.redis import RedisCache
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
+
+from runs.cache import redis_cache
 
 # Lua functions of a window: `full` drops what fell out of it and answers the
 # milliseconds to wait when it holds `limit` already (false otherwise); `add`
@@ -67,12 +67,6 @@ return 1
 
 # Lua source -> redis-py's Script (sent by its SHA1, EVALSHA; loaded on a NOSCRIPT).
 _scripts: dict[str, object] = {}
-
-
-def redis_cache() -> RedisCache | None:
-    """The default cache when it is Redis (`cache` is a proxy: ask the backend)."""
-    backend = caches["default"]
-    return backend if isinstance(backend, RedisCache) else None
 
 
 def run_script(source: str, keys: list[str], args: list) -> list:

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from audit.models import AuditEvent
 from audit.services import Actor
-from runs import services
+from runs import epochs, services
 from runs.api import key_cache
 from runs.models import ApiKey, KeyCacheStore, Membership
 from tests.factories import (
@@ -110,7 +110,7 @@ def test_a_wrong_secret_never_counts_against_the_keys_budget(redis_cache, settin
     ApiKey.objects.filter(pk=other_key.pk).update(revoked_at="2026-01-01T00:00Z")
     from django.core.cache import cache, caches
 
-    cache.set(key_cache.EPOCH_KEY, key_cache.fresh_epoch())
+    cache.set(key_cache.EPOCH_KEY, epochs.fresh())
     for _ in range(5):
         assert holder.get("/api/v1/agents").status_code == 401
     backend = caches["default"]
