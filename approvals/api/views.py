@@ -24,7 +24,7 @@ from approvals.services import Reviewer, approval_decide, approval_read
 from runs import permissions
 from runs.api.idempotency import IdempotentWrites
 from runs.api.serializers import ErrorSerializer, represent
-from runs.api.views import actor_for
+from runs.api.views import actor_for, validated
 from runs.fixed_queries import FixedQuery
 from runs.models import Scope
 
@@ -196,22 +196,21 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
                 if not found:
                     raise Http404
             approval = found[0]
-            body = DecideSerializer(data=request.data)
-            body.is_valid(raise_exception=True)
+            body = validated(DecideSerializer, request)
             # A person decides as themselves; a service key as the key,
             # whatever name it sends (kept as its unverified label).
             reviewer = Reviewer.for_principal(
-                request.principal, claimed_label=body.validated_data["reviewer"]
+                request.principal, claimed_label=body["reviewer"]
             )
             approval, run = approval_decide(
                 approval=approval,
                 already_locked=locked,
                 read_by=actor_for(request),
                 reviewer=reviewer,
-                approved=body.validated_data["approved"],
-                note=body.validated_data["note"],
-                args=body.validated_data.get("args"),
-                plan=body.validated_data.get("plan"),
+                approved=body["approved"],
+                note=body["note"],
+                args=body.get("args"),
+                plan=body.get("plan"),
             )
             resumed = {"run_id": run.id, "status": run.status} if run else None
             body = _render(
