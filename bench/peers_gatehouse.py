@@ -224,6 +224,10 @@ class GatehouseStack:
                         "config",
                         "worker",
                         "--concurrency=2",
+                        # The README's production worker command's flags.
+                        "--without-gossip",
+                        "--without-mingle",
+                        "--without-heartbeat",
                         "--loglevel=WARNING",
                         f"--hostname=peers{index}@%h",
                     ],

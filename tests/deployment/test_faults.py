@@ -277,6 +277,10 @@ def stack(tmp_path):
                         "--concurrency=2",
                         "--loglevel=INFO",
                         f"--hostname=w{n}@%h",
+                        # The README's production worker command's flags.
+                        "--without-gossip",
+                        "--without-mingle",
+                        "--without-heartbeat",
                     ],
                     env,
                     folder,
