@@ -10,14 +10,23 @@ from runs.api.filters import SharedFilterSet, ThreadFilter
 from runs.models import Thread
 
 
-def test_requests_share_the_filters_and_form_class_not_the_form():
+def test_requests_share_the_filters_form_class_and_fields_not_the_form():
     first = ThreadFilter(QueryDict("status=idle"), Thread.objects.none())
     second = ThreadFilter(QueryDict("status=asleep"), Thread.objects.none())
     assert first.filters is second.filters
     assert type(first.form) is type(second.form)
+    assert first.form is not second.form
+    assert first.form.fields is second.form.fields
     assert first.is_valid() and not second.is_valid()
     assert first.form.cleaned_data["status"] == "idle"
     assert "status" in second.errors and first.errors == {}
+    # Each form's data and what it cleaned are its own.
+    third = ThreadFilter(
+        QueryDict("status=running&agent=refund"), Thread.objects.none()
+    )
+    assert third.is_valid()
+    assert third.form.cleaned_data == {"status": "running", "agent": "refund"}
+    assert first.form.cleaned_data == {"status": "idle", "agent": ""}
 
 
 def test_each_class_has_its_own():
