@@ -266,7 +266,7 @@ def _run_body_now(request, run: Run, reveal: bool) -> bytes:
     return SafeJSONRenderer().render(run_body(request, current, reveal=reveal))
 
 
-async def _once_stopped(request, run: Run, seconds: float, reveal: bool, before):
+async def _once_stopped(request, run: Run, seconds: float, reveal: bool):
     """The run's body once it has stopped, or after `seconds` (streaming.stopped
     waits in the event loop, with no database connection).
 
@@ -274,13 +274,17 @@ async def _once_stopped(request, run: Run, seconds: float, reveal: bool, before)
     while waiting or reading the run cannot become a 503: the run is answered
     as it was read before the wait (still queued or running), a whole JSON
     body the client can ask again after. Its error is withheld, as no audit
-    event can record reading it (an active run has none anyway)."""
+    event can record reading it (an active run has none anyway). That body
+    is made only then, from the row read before the wait (`run`, which
+    nothing changes meanwhile): with the error withheld, RunSerializer reads
+    nothing but the row's own fields, so no query, where rendering it on
+    every wait cost ~0.2 ms."""
     try:
         await streaming.stopped(run.pk, within=seconds)
         body = await sync_to_async(_run_body_now)(request, run, reveal)
     except outages.DATABASE_ERRORS as error:
         logger.warning("run %s: answered as before its wait (%r)", run.pk, error)
-        body = before
+        body = SafeJSONRenderer().render(run_body(request, run, reveal=False))
     yield body
 
 
@@ -298,13 +302,13 @@ class RunDetailView(TenantThreadMixin, APIView):
         seconds = wait_seconds(request)
         reveal = reads_content(request)
         if seconds and run.is_active:
-            # Read before the wait, for an answer if the database goes away.
-            before = SafeJSONRenderer().render(run_body(request, run, reveal=False))
             # The wait holds no database connection: given back here, on the
             # view's thread, rather than in a hop of its own (streaming.stopped).
+            # `run`, read before the wait, is the answer if the database goes
+            # away (_once_stopped).
             streaming.release_connection()
             return StreamingHttpResponse(
-                _once_stopped(request, run, seconds, reveal, before),
+                _once_stopped(request, run, seconds, reveal),
                 content_type="application/json",
                 headers={"Cache-Control": "no-store"},
             )
