@@ -19,9 +19,12 @@ merged; prints the top functions by own and cumulative time and dumps the
 stats to FILE. `--split module:qualname` (repeatable): that function's calls
 and CPU per complete run, inclusive, on the thread that ran it. `--show`:
 the statements of one run, with their CPU. `--ab FILE`: FILE defines
-`switch(on)`, called before each flow with on for every other one (patch a
-function and its imports by name to compare two versions in one process,
-interleaved, whatever the load on the machine); both halves' figures, the
+`switch(on)`, called before each flow with on for half of them, in the
+order A B B A (patch a function and its imports by name to compare two
+versions in one process, interleaved, whatever the load on the machine;
+with A B A B an A/A run, a switch that does nothing, measured the B half
+1 ms a run pair costlier: something in the flows goes by twos); both
+halves' figures, the
 splits' too (split a caller of what the switch swaps, not the function
 itself: the switch would swap the split's wrapper away).
 `--celery`: executes through the Celery task's tracer (as a pool process
@@ -325,7 +328,7 @@ async def main(args) -> None:
             for figures in (*SPLITS.values(), *SPLITS_B.values()):
                 figures[:] = [0, 0.0]
         profile = bool(args.profile) and i >= args.warm
-        b_side = switch is not None and i % 2 == 1
+        b_side = switch is not None and i % 4 in (1, 2)
         if switch is not None:
             switch(b_side)
         SPLIT_B.on = b_side
@@ -379,7 +382,7 @@ if __name__ == "__main__":
         "--ab",
         default="",
         help="a Python file defining switch(on): called before each flow, "
-        "on every other one; the figures of both halves are shown",
+        "on for half of them (A B B A); the figures of both halves are shown",
     )
     parser.add_argument(
         "--show", action="store_true", help="list the statements of one run"
