@@ -42,6 +42,7 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
+from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.db.models.signals import pre_delete, pre_save
 from django.utils import timezone
@@ -66,12 +67,15 @@ LIVE_SECONDS = REGISTER_SECONDS + MAX_AGE_SECONDS + 60
 _NOT_ACCESS = frozenset({"last_login", "last_used_at"})
 
 
-class AccessChangeUnannounced(exceptions.APIException):
+class AccessChangeUnannounced(exceptions.APIException, CommandError):
     """A change of access this process cannot announce to the web processes
-    that keep API keys: refused, nothing done."""
+    that keep API keys: refused, nothing done. An APIException for the API
+    (503), a CommandError for every manage.py command that makes such a
+    change (its reason on stderr, exit status 1, not a traceback)."""
 
     status_code = 503
     default_code = "access_change_unannounced"
+    returncode = 1  # CommandError's, which APIException's __init__ leaves unset
 
 
 @dataclass

@@ -287,7 +287,9 @@ def test_a_revocation_that_cannot_reach_the_web_processes_is_refused(
     webs = location
     server = LiveServer(workers=1, env={"CACHE_URL": webs}, name="h5-keep")
     try:
-        api_key, secret = make_api_key(make_tenant())
+        tenant = make_tenant()
+        api_key, secret = make_api_key(tenant)
+        member = make_member(tenant, role="reviewer")
         with httpx.Client(
             base_url=server.url, headers={"Authorization": f"Bearer {secret}"}
         ) as http:
@@ -303,6 +305,19 @@ def test_a_revocation_that_cannot_reach_the_web_processes_is_refused(
                 kind="api_key.revoked", data__prefix=api_key.prefix
             ).exists()
             assert http.get("/api/v1/agents").status_code == 200
+            # Any command that takes access away: a reviewer made an auditor.
+            demoted = manage(
+                "create_reviewer",
+                f"--tenant={tenant.slug}",
+                f"--username={member.user.username}",
+                "--role=auditor",
+                "--generate-password",
+                env=_os_env(),
+            )
+            assert demoted.returncode == 1, demoted.stderr
+            assert "Refused, nothing changed" in demoted.stderr
+            assert "Traceback" not in demoted.stderr
+            assert Membership.objects.get(pk=member.pk).role == "reviewer"
             done = manage("revoke_api_key", api_key.prefix, env=_os_env(CACHE_URL=webs))
             assert done.returncode == 0, done.stderr
             assert http.get("/api/v1/agents").status_code == 401
