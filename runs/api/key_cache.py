@@ -89,6 +89,12 @@ _kept: OrderedDict[str, _Kept] = OrderedDict()
 _lock = threading.Lock()
 # When this process last registered its keeping keys (monotonic), if it did.
 _registered_at: float | None = None
+# The token it registered them under. Put back if the cache lost it (a Redis
+# restarted empty, or its keys evicted), so that the registrations already in
+# the database still name the cache's token: otherwise every change of access
+# would be refused until they aged out (LIVE_SECONDS). This takes a process's
+# CACHE_URL to name one logical Redis for the process's life.
+_store: str | None = None
 
 
 def enabled() -> bool:
@@ -119,14 +125,13 @@ def register() -> bool:
     it reads a key to keep (at most once every REGISTER_SECONDS). False when
     it cannot say so now: inside a transaction, which could roll back what it
     said. Then the key read is not kept."""
-    global _registered_at
+    global _registered_at, _store
     if not enabled():
         return False
     started = time.monotonic()
     if _registered_at is not None and started - _registered_at < REGISTER_SECONDS:
         return True
-    cache.add(STORE_KEY, secrets.token_hex(16), timeout=None)
-    store = cache.get(STORE_KEY)
+    store = _cache_token(_store or secrets.token_hex(16))
     if store is None:
         return False
     try:
@@ -141,8 +146,15 @@ def register() -> bool:
             )
     except RuntimeError:  # "cannot be nested": in a transaction of the caller
         return False
-    _registered_at = started
+    _registered_at, _store = started, store
     return True
+
+
+def _cache_token(restore: str | None) -> str | None:
+    """The token of this process's cache, `restore` put there if it has none."""
+    if restore is not None:
+        cache.add(STORE_KEY, restore, timeout=None)
+    return cache.get(STORE_KEY)
 
 
 def keep(api_key: ApiKey, epoch: bytes | None) -> None:
@@ -208,7 +220,7 @@ def _refuse_unannounced(sender, instance=None, update_fields=None, **kwargs):
     )
     if not live:
         return
-    mine = cache.get(STORE_KEY) if enabled() else None
+    mine = _cache_token(restore=_store) if enabled() else None
     if live - {mine}:
         raise AccessChangeUnannounced(
             "Web processes keep verified API keys in a cache (Redis) this "

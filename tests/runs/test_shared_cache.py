@@ -419,3 +419,28 @@ def test_a_registration_waits_for_a_change_of_access_in_progress(redis_cache):
                 cursor.execute("SET lock_timeout = 0")
         other.rollback()
     assert key_cache.register()
+
+
+def test_a_cache_that_lost_its_token_gets_it_back_and_access_changes_go_on(
+    redis_cache, settings
+):
+    """A Redis restarted empty (here: its keys deleted) loses the token the
+    web processes registered: the first of them to look puts it back, so the
+    registration in the database names the cache again and a revocation made
+    there is not refused for LIVE_SECONDS."""
+    from django.core.cache import cache
+
+    settings.GATEHOUSE_EMBEDDED = False
+    tenant, client = tenant_with_client()
+    assert client.get("/api/v1/agents").status_code == 200
+    [registered] = KeyCacheStore.objects.values_list("store", flat=True)
+    target, secret = make_api_key(tenant)
+    assert api_client(secret).get("/api/v1/agents").status_code == 200
+    cache.delete_many([key_cache.STORE_KEY, key_cache.EPOCH_KEY])
+
+    services.api_key_revoke(api_key=target, actor=Actor.system("tests"))
+
+    assert ApiKey.objects.get(pk=target.pk).revoked_at is not None
+    assert cache.get(key_cache.STORE_KEY) == registered
+    assert list(KeyCacheStore.objects.values_list("store", flat=True)) == [registered]
+    assert api_client(secret).get("/api/v1/agents").status_code == 401
