@@ -383,11 +383,12 @@ class Wait:
             waiting = asyncio.ensure_future(original(*args, **kwargs))
             await asyncio.sleep(0.005)  # subscribed before the run starts
             await _execute(self.run_id)
-            await waiting
+            ended = await waiting
             self.wall += time.perf_counter() - w0
             self.cpu += time.process_time() - c0
             TL.on = on
             TL.mark("WAIT (the run executed meanwhile: left out)", w0, c0)
+            return ended
 
         streaming.stopped = waited
 

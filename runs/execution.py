@@ -750,8 +750,9 @@ def _record_end(
             ],
         )
         end = _end_event(run, outcome, error)
+        ended = streaming.ended_columns(run)
         # Its waiting clients first, the webhooks' look-ups after (runs.wakeups).
-        wakeups.on_commit(lambda: publisher.publish(streaming.END, end))
+        wakeups.on_commit(lambda: publisher.publish(streaming.END, end, ended))
         # Then the thread's next queued run, looked up once this commits: in
         # the locking statement, a subquery would read the runs as of the
         # statement's start, before a run queued while it waited for the

@@ -34,12 +34,13 @@ key expiry; the `runs.expire_stream_events` beat job for rows).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
@@ -93,6 +94,43 @@ class StreamEvent:
     id: EventId
     name: str
     data: bytes | None  # JSON; None when read without the cipher (names only)
+    # An `end`'s copy of its run's columns (`ended_columns`), if it has one.
+    ended: dict | None = None
+
+
+# The run's own columns an error-free `end` carries beside its data, in
+# clear as its row has them (no agent's or user's content): a waiting GET
+# answers the run from them, with no hop to its thread, connection or
+# statement after the wake (runs.api.views). A failed run's end has none: its
+# answer reads the error, and audits that read, from its row. The database
+# log keeps no copy (its readers read the row).
+ENDED_COLUMNS = ("status", "started_at", "ended_at")
+
+
+def ended_columns(run: Run) -> bytes | None:
+    """The copy an `end` carries of the run's columns, as its end recorded
+    them; None for a run whose answer shows an error or a compensation."""
+    if run.error is not None or run.compensation:
+        return None
+    return json.dumps(
+        {name: jsonable(getattr(run, name)) for name in ENDED_COLUMNS},
+        separators=(",", ":"),
+    ).encode()
+
+
+def as_ended(run: Run, ended: dict) -> Run:
+    """`run` (as read before its end) with the columns its `end` carried: the
+    row as that end recorded it, its other columns unchanged since (a thread
+    deleted meanwhile takes nothing from an error-free run's answer)."""
+    current = copy.copy(run)
+    current.status = ended["status"]
+    for name in ("started_at", "ended_at"):
+        moment = ended[name]
+        setattr(
+            current, name, None if moment is None else datetime.fromisoformat(moment)
+        )
+    current.error, current.error_type, current.compensation = None, "", ""
+    return current
 
 
 def _row(run_id, event_id: EventId) -> tuple:
@@ -137,7 +175,12 @@ class RedisLog:
         return client
 
     def publish(
-        self, publisher: Publisher, event_id: EventId, name: str, blob: bytes
+        self,
+        publisher: Publisher,
+        event_id: EventId,
+        name: str,
+        blob: bytes,
+        ended: bytes | None = None,
     ) -> None:
         """XADD the event under its own id (and renew the stream's expiry)
         without waiting for Redis's reply (runs.stream_sender), except for
@@ -146,9 +189,10 @@ class RedisLog:
         if self._sender is None:
             self._sender = Sender(self.url, self._settle)
         key = self.key(publisher.run_id)
+        fields = ("e", name, "d", blob) + (() if ended is None else ("r", ended))
         self._sender.send(
             [
-                ("XADD", key, str(event_id), "e", name, "d", blob),
+                ("XADD", key, str(event_id), *fields),
                 ("EXPIRE", key, settings.GATEHOUSE_STREAM_TTL_SECONDS),
             ],
             (publisher, name),
@@ -174,7 +218,7 @@ class RedisLog:
 
     async def read(
         self, run_id, after: EventId, timeout: float
-    ) -> list[tuple[EventId, str, bytes]]:
+    ) -> list[tuple[EventId, str, bytes, bytes | None]]:
         timeout = min(timeout, BLOCKED_READ_TIMEOUT / 2)
         reply = await self._async_client().xread(
             {self.key(run_id): str(after)},
@@ -182,7 +226,12 @@ class RedisLog:
             block=max(1, int(timeout * 1000)),
         )
         return [
-            (EventId.parse(entry_id.decode()), fields[b"e"].decode(), fields[b"d"])
+            (
+                EventId.parse(entry_id.decode()),
+                fields[b"e"].decode(),
+                fields[b"d"],
+                fields.get(b"r"),
+            )
             for _key, entries in reply or ()
             for entry_id, fields in entries
         ]
@@ -197,7 +246,12 @@ class RedisLog:
 
 class DatabaseLog:
     def publish(
-        self, publisher: Publisher, event_id: EventId, name: str, blob: bytes
+        self,
+        publisher: Publisher,
+        event_id: EventId,
+        name: str,
+        blob: bytes,
+        ended: bytes | None = None,
     ) -> None:
         RunStreamEvent.objects.create(
             run_id=publisher.run_id,
@@ -211,7 +265,7 @@ class DatabaseLog:
         pass
 
     @staticmethod
-    def _rows(run_id, after: EventId) -> list[tuple[EventId, str, bytes]]:
+    def _rows(run_id, after: EventId) -> list[tuple[EventId, str, bytes, None]]:
         rows = (
             RunStreamEvent.objects.filter(run_id=run_id)
             .filter(
@@ -222,7 +276,7 @@ class DatabaseLog:
             .values_list("attempt", "seq", "event", "data")[:BATCH]
         )
         found = [
-            (EventId(attempt, seq), event, bytes(data))
+            (EventId(attempt, seq), event, bytes(data), None)
             for attempt, seq, event, data in rows
         ]
         release_connection()  # a reader polls: it holds no connection between
@@ -242,7 +296,7 @@ class DatabaseLog:
 
     async def read(
         self, run_id, after: EventId, timeout: float
-    ) -> list[tuple[EventId, str, bytes]]:
+    ) -> list[tuple[EventId, str, bytes, None]]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -279,15 +333,16 @@ class Publisher:
         self.seq = 0
         self.stale = False
 
-    def publish(self, name: str, data: Any) -> None:
+    def publish(self, name: str, data: Any, ended: bytes | None = None) -> None:
         """Encrypt the event and append it to the log (Redis reports a
-        refusal or an outage through `superseded` and `lost`, maybe later)."""
+        refusal or an outage through `superseded` and `lost`, maybe later);
+        an `end` with its run's `ended_columns`."""
         if self.stale:
             return
         event_id = EventId(self.attempt, self.seq)
         self.seq += 1
         blob = self.cipher.encrypt(encode(data), row=_row(self.run_id, event_id))
-        log().publish(self, event_id, name, blob)
+        log().publish(self, event_id, name, blob, ended)
 
     def superseded(self) -> None:
         """A newer attempt published: publish nothing more (events already
@@ -366,7 +421,7 @@ async def follow(
                 return
             yield None
             continue
-        for event_id, name, blob in batch:
+        for event_id, name, blob, ended in batch:
             after = event_id
             yield StreamEvent(
                 id=event_id,
@@ -374,6 +429,7 @@ async def follow(
                 data=None
                 if cipher is None
                 else cipher.decrypt(blob, row=_row(run_id, event_id)),
+                ended=None if ended is None else json.loads(ended),
             )
 
 
@@ -425,24 +481,28 @@ async def until_stopped(
         yield None
 
 
-async def stopped(run_id, *, within: float, idle: float = 5.0) -> None:
+async def stopped(run_id, *, within: float, idle: float = 5.0) -> dict | None:
     """Return once the run has stopped or `within` seconds from now, whichever
     comes first, in the web process's event loop (the request's thread stays
     reserved, idle), holding no database connection meanwhile: its caller
     gave the request's connection back first (release_connection, in its
     view: a hop of its own here cost more CPU than the call). It
     reads the events' names, not their content: the caller reads the run
-    from the database then. A log that cannot be read (Redis down) ends the
-    wait at once."""
+    from the database then, unless its `end` carried the run's columns
+    (`ended_columns`), returned then. A log that cannot be read (Redis down)
+    ends the wait at once."""
     until = asyncio.get_running_loop().time() + within
+    last = None
     try:
         after = await live_start(run_id)
-        async for _ in until_stopped(
+        async for item in until_stopped(
             run_id=run_id, cipher=None, after=after, idle=idle, until=until
         ):
-            pass
+            last = item
     except outages.BROKER_ERRORS as error:
         logger.warning("run %s: its events cannot be read (%s)", run_id, error)
+        return None
+    return last.ended if isinstance(last, StreamEvent) and last.name == END else None
 
 
 def expire_events(*, batch_size: int = 5000) -> int:

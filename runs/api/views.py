@@ -268,7 +268,12 @@ def _run_body_now(request, run: Run, reveal: bool) -> bytes:
 
 async def _once_stopped(request, run: Run, seconds: float, reveal: bool):
     """The run's body once it has stopped, or after `seconds` (streaming.stopped
-    waits in the event loop, with no database connection).
+    waits in the event loop, with no database connection). A run whose `end`
+    carried its columns is answered from them in the event loop: no hop to the
+    request's thread, no connection, no statement between the wake and the
+    answer (~2 ms of the ~5 ms from the worker's end to the client, issue
+    15); the body is the one the row would give, error-free so with nothing to
+    audit. Otherwise the run is read again.
 
     The status line (200) has gone out before this runs, so a database outage
     while waiting or reading the run cannot become a 503: the run is answered
@@ -280,8 +285,14 @@ async def _once_stopped(request, run: Run, seconds: float, reveal: bool):
     nothing but the row's own fields, so no query, where rendering it on
     every wait cost ~0.2 ms."""
     try:
-        await streaming.stopped(run.pk, within=seconds)
-        body = await sync_to_async(_run_body_now)(request, run, reveal)
+        ended = await streaming.stopped(run.pk, within=seconds)
+        if ended is not None:
+            # Error-free: revealing shows nothing more and audits nothing.
+            body = SafeJSONRenderer().render(
+                run_body(request, streaming.as_ended(run, ended), reveal=False)
+            )
+        else:
+            body = await sync_to_async(_run_body_now)(request, run, reveal)
     except outages.DATABASE_ERRORS as error:
         logger.warning("run %s: answered as before its wait (%r)", run.pk, error)
         body = SafeJSONRenderer().render(run_body(request, run, reveal=False))

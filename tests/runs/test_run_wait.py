@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from runs import streaming
@@ -83,6 +85,8 @@ def test_answers_when_the_run_succeeds(client):
     assert (body["status"], body["error"]) == ("succeeded", None)
     assert body["started_at"] is not None and body["ended_at"] is not None
     assert took < 15
+    # Answered from the columns its end carried: as the row gives them.
+    assert client.get(f"/threads/w-echo/runs/{run_id}").json() == body
 
 
 def test_answers_when_the_run_fails_with_its_error_read_audited(client):
@@ -267,6 +271,25 @@ def test_stopped_returns_at_once_on_an_end_already_published(published):
     run, publish = published
     publish(streaming.END, streaming.outcome(status="succeeded"))
     assert timed_stop(run, 10) < 5
+
+
+def test_stopped_returns_the_columns_an_end_carried(published):
+    """Redis's log keeps an error-free end's copy of its run's columns for the
+    waiting GET to answer from; the database log keeps none (its reader reads
+    the row); a failed run's end carries none."""
+    run, publish = published
+    run.status = Run.Status.SUCCEEDED
+    run.started_at = run.ended_at = timezone.now()
+    ended = streaming.ended_columns(run)
+    publish(streaming.END, streaming.outcome(status="succeeded"), ended)
+    returned = async_to_sync(streaming.stopped)(run.pk, within=10, idle=0.1)
+    if settings.GATEHOUSE_STREAM_URL == "database":
+        assert returned is None
+    else:
+        assert returned == json.loads(ended)
+        assert returned["ended_at"] == run.ended_at.isoformat()
+    run.error = b"sealed"
+    assert streaming.ended_columns(run) is None
 
 
 def test_stopped_returns_on_a_run_stopped_without_its_end(published):
