@@ -329,6 +329,13 @@ def test_without_web_processes_keeping_keys_a_revocation_needs_no_redis(settings
     """The per-process cache (the embedded mode's, and production's with one
     web process): no key is kept, nothing registered, a revocation anywhere
     is seen at the next request."""
+    # Whatever CACHE_URL the shell running the suite exports.
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": f"test-{uuid.uuid4().hex}",
+        }
+    }
     settings.GATEHOUSE_EMBEDDED = False
     api_key, secret = make_api_key(make_tenant())
     client = api_client(secret)
