@@ -40,10 +40,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 
+import psycopg
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.core.management.base import CommandError
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models.signals import pre_delete, pre_save
 from django.utils import timezone
 from rest_framework import exceptions
@@ -95,6 +96,15 @@ _registered_at: float | None = None
 # would be refused until they aged out (LIVE_SECONDS). This takes a process's
 # CACHE_URL to name one logical Redis for the process's life.
 _store: str | None = None
+# Every token this process has seen its cache hold: `_store` and those before
+# it (the cache restarted empty and another process, which had none to put
+# back, gave it a new one). By the same assumption each names this process's
+# cache, so a change it makes reaches keys kept under any of them.
+_held: set[str] = set()
+# How long a registration waits for a change of access in progress (its
+# lock) before the key is read without being kept: a request is not held for
+# a whole change, and a waiting registration does not queue the next change.
+REGISTER_LOCK_TIMEOUT = "100ms"
 
 
 def enabled() -> bool:
@@ -135,9 +145,19 @@ def register() -> bool:
     if store is None:
         return False
     try:
-        # Committed here (durable), and waits for a change of access reading
-        # the registrations (its lock).
+        # Committed here (durable), and waits, briefly, for a change of access
+        # reading the registrations (its lock).
         with transaction.atomic(durable=True):
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f"SET LOCAL lock_timeout = '{REGISTER_LOCK_TIMEOUT}'"
+                    )
+            if _store is not None and _store != store:
+                # The cache lost this process's token and was given another:
+                # the old registration names this cache too, and would
+                # otherwise refuse every change of access until it aged out.
+                KeyCacheStore.objects.filter(store=_store).delete()
             KeyCacheStore.objects.bulk_create(
                 [KeyCacheStore(store=store, seen_at=timezone.now())],
                 update_conflicts=True,
@@ -146,7 +166,12 @@ def register() -> bool:
             )
     except RuntimeError:  # "cannot be nested": in a transaction of the caller
         return False
+    except OperationalError as error:
+        if isinstance(error.__cause__, psycopg.errors.LockNotAvailable):
+            return False  # a change of access in progress: not kept this time
+        raise
     _registered_at, _store = started, store
+    _held.add(store)
     return True
 
 
@@ -221,7 +246,7 @@ def _refuse_unannounced(sender, instance=None, update_fields=None, **kwargs):
     if not live:
         return
     mine = _cache_token(restore=_store) if enabled() else None
-    if live - {mine}:
+    if live - _held - {mine}:
         raise AccessChangeUnannounced(
             "Web processes keep verified API keys in a cache (Redis) this "
             "process's CACHE_URL does not name, where it cannot tell them of "

@@ -408,22 +408,25 @@ def test_a_change_the_web_processes_would_not_see_is_refused_on_every_path(
     assert ApiKey.objects.get(pk=target.pk).revoked_at is not None
 
 
-def test_a_registration_waits_for_a_change_of_access_in_progress(redis_cache):
-    """A web process registering while a change reads the registrations waits
-    for its commit, so reads the key as the change left it."""
+def test_a_registration_does_not_wait_out_a_change_of_access_in_progress(
+    redis_cache,
+):
+    """A web process registering while a change reads the registrations
+    (holding their lock to its commit) gives up after REGISTER_LOCK_TIMEOUT:
+    the key is read and not kept, the request not held for the whole change,
+    and the next change is not queued behind the registration."""
     import psycopg
 
     from tests.workers import suite_database_url
 
     with psycopg.connect(suite_database_url(), autocommit=False) as other:
         other.execute("LOCK TABLE runs_keycachestore IN SHARE MODE")
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '300ms'")
-            try:
-                with pytest.raises(Exception, match="lock timeout"):
-                    key_cache.register()
-            finally:
-                cursor.execute("SET lock_timeout = 0")
+        assert key_cache.register() is False
+        # Another change of access is not queued behind the registration.
+        with psycopg.connect(suite_database_url(), autocommit=False) as third:
+            third.execute("SET lock_timeout = '2s'")
+            third.execute("LOCK TABLE runs_keycachestore IN SHARE MODE")
+            third.rollback()
         other.rollback()
     assert key_cache.register()
 
@@ -451,3 +454,43 @@ def test_a_cache_that_lost_its_token_gets_it_back_and_access_changes_go_on(
     assert cache.get(key_cache.STORE_KEY) == registered
     assert list(KeyCacheStore.objects.values_list("store", flat=True)) == [registered]
     assert api_client(secret).get("/api/v1/agents").status_code == 401
+
+
+def test_after_a_flush_a_new_process_registering_first_refuses_nothing_for_long(
+    redis_cache, settings, monkeypatch
+):
+    """The cache restarted empty and a process that never registered (a new
+    web worker) gave it a new token first: a process that had the old one
+    counts both as its cache's, and its next registration removes the old
+    one, after which no change of access is refused."""
+    from django.core.cache import cache
+
+    settings.GATEHOUSE_EMBEDDED = False
+    tenant, client = tenant_with_client()
+    assert client.get("/api/v1/agents").status_code == 200
+    old = key_cache._store
+    target, _ = make_api_key(tenant)
+    cache.delete_many([key_cache.STORE_KEY, key_cache.EPOCH_KEY])
+    # A new process: nothing registered, nothing held.
+    monkeypatch.setattr(key_cache, "_store", None)
+    monkeypatch.setattr(key_cache, "_held", set())
+    monkeypatch.setattr(key_cache, "_registered_at", None)
+    assert key_cache.register()
+    new = key_cache._store
+    assert new != old
+    assert set(KeyCacheStore.objects.values_list("store", flat=True)) == {old, new}
+    # ...which cannot yet tell the old registration from another Redis's.
+    with pytest.raises(key_cache.AccessChangeUnannounced):
+        services.api_key_revoke(api_key=target, actor=Actor.system("tests"))
+    # The process that registered the old token: both are its cache's.
+    monkeypatch.setattr(key_cache, "_store", old)
+    monkeypatch.setattr(key_cache, "_held", {old})
+    monkeypatch.setattr(key_cache, "_registered_at", None)
+    member = make_member(tenant, role="reviewer")
+    services.membership_remove(membership=member, actor=Actor.system("tests"))
+    # Its next registration removes the old one: nobody is refused.
+    assert key_cache.register()
+    assert list(KeyCacheStore.objects.values_list("store", flat=True)) == [new]
+    monkeypatch.setattr(key_cache, "_held", {new})
+    services.api_key_revoke(api_key=target, actor=Actor.system("tests"))
+    assert ApiKey.objects.get(pk=target.pk).revoked_at is not None
