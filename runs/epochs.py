@@ -77,8 +77,12 @@ class SharedEpoch:
         if enabled():
             cache.set(self.key, fresh(), timeout=SECONDS)
 
+    def ignores(self, update_fields) -> bool:
+        """Whether a save of `update_fields` changes nothing kept."""
+        return update_fields is not None and set(update_fields) <= self._ignored
+
     def _changed(self, sender, instance=None, update_fields=None, **kwargs) -> None:
-        if update_fields is not None and set(update_fields) <= self._ignored:
+        if self.ignores(update_fields):
             return
         self.renew()
         transaction.on_commit(self.renew)

@@ -223,14 +223,10 @@ EPOCH_KEY = ACCESS.key
 new_epoch = ACCESS.renew
 
 
-def _takes_no_access(update_fields) -> bool:
-    return update_fields is not None and set(update_fields) <= _NOT_ACCESS
-
-
 def _refuse_unannounced(sender, instance=None, update_fields=None, **kwargs):
     """Before a change that could take access away: refuse it if a web process
     may keep keys in a cache whose epoch this process cannot replace."""
-    if kwargs.get("raw") or _takes_no_access(update_fields):
+    if kwargs.get("raw") or ACCESS.ignores(update_fields):
         return
     if kwargs.get("signal") is pre_save and instance._state.adding:
         return  # a grant: no kept key is made any less valid by it
