@@ -29,6 +29,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from runs.cache import redis_cache
+from runs.outages import BROKER_ERRORS
 
 # An epoch that expires is replaced by a new one: every process reads again.
 SECONDS = 24 * 3600
@@ -62,13 +63,21 @@ class SharedEpoch:
 
     def current(self) -> int | None:
         """The epoch now, None without Redis; one started if there is none
-        (expired, or a flushed Redis), under which nobody has kept anything."""
+        (expired, or a flushed Redis), under which nobody has kept anything.
+
+        None too while Redis is unreachable: its user then keeps nothing and
+        reads the database, as without Redis. Raising would make what only
+        saves a read depend on Redis (a commit's webhook deliveries, written
+        by receivers whose error is only logged, would be lost)."""
         if not enabled():
             return None
-        epoch = cache.get(self.key)
-        if epoch is None:
-            cache.add(self.key, fresh(), timeout=SECONDS)
+        try:
             epoch = cache.get(self.key)
+            if epoch is None:
+                cache.add(self.key, fresh(), timeout=SECONDS)
+                epoch = cache.get(self.key)
+        except BROKER_ERRORS:
+            return None
         return epoch
 
     def renew(self) -> None:

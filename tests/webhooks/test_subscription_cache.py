@@ -166,3 +166,25 @@ def test_without_redis_every_commit_reads_the_subscriptions(settings):
     _subscribe(client, [events.RUN_FAILED.name])
     assert _commit(tenant) == 1
     assert _deliveries(tenant) == 1
+
+
+def test_a_cache_outage_loses_no_delivery(redis_cache, settings):
+    """With the cache's Redis unreachable the subscriptions' epoch cannot be
+    read: nothing is kept and the subscriptions are read from Postgres, so a
+    delivery is written as without Redis. Raising instead would lose it: the
+    receivers are called robustly (an error is only logged)."""
+    tenant, client = tenant_with_client()
+    _subscribe(client, [events.RUN_FAILED.name])
+    reachable = settings.CACHES
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "runs.cache.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+        }
+    }
+    try:
+        assert _commit(tenant) == 1
+        assert _deliveries(tenant) == 1
+        assert SUBSCRIPTIONS_EPOCH.current() is None
+    finally:
+        settings.CACHES = reachable  # for the fixture's renew() at teardown
