@@ -87,13 +87,27 @@ def body_validated(serializer_class, data) -> dict:
     else:
         body.initial_data = data
     try:
-        body.is_valid(raise_exception=True)
+        if not body.is_valid():
+            # A plain copy: DRF's own raise would carry a ReturnDict whose
+            # `.serializer` is this instance, by then checking another
+            # request's body (the browsable API's renderer reads it).
+            raise serializers.ValidationError(_plain(body.errors))
         return body.validated_data
     finally:
         # What is_valid and its properties leave: nothing of the body stays.
         for name in ("initial_data", "_validated_data", "_errors", "_data"):
             body.__dict__.pop(name, None)
         idle.append(body)
+
+
+def _plain(errors):
+    """Errors as plain dicts and lists, their ErrorDetails (messages and
+    codes) as they are."""
+    if isinstance(errors, dict):
+        return {key: _plain(value) for key, value in errors.items()}
+    if isinstance(errors, list):
+        return [_plain(value) for value in errors]
+    return errors
 
 
 def _refuse_shared_defaults(serializer_class, fields) -> None:

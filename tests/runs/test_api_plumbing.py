@@ -406,3 +406,29 @@ def test_a_body_serializer_checks_the_next_body_with_nothing_of_the_last():
 
     with pytest.raises(TypeError, match="SharedDefault.tags"):
         body_validated(SharedDefault, {})
+
+
+def test_a_refused_body_error_holds_nothing_of_the_kept_serializer():
+    """DRF's is_valid(raise_exception=True) raises its errors as a ReturnDict
+    whose `.serializer` is the instance body_validated gives back for the next
+    request: a renderer reading it (the browsable API's) could show that
+    request's body. The error raised is a plain copy, with the same messages
+    and codes."""
+    from rest_framework.exceptions import ErrorDetail, ValidationError
+
+    from runs.api.serializers import _IDLE, ThreadCreateSerializer, body_validated
+
+    with pytest.raises(ValidationError) as refused:
+        body_validated(ThreadCreateSerializer, {"thread_id": "x" * 300})
+    detail = refused.value.detail
+    assert type(detail) is dict
+    assert not hasattr(detail, "serializer")
+    kept = _IDLE[ThreadCreateSerializer]
+    assert all(
+        value is not serializer
+        for serializer in kept
+        for value in vars(refused.value).values()
+    )
+    assert detail["agent"] == [ErrorDetail("This field is required.", "required")]
+    assert detail["agent"][0].code == "required"
+    assert detail["thread_id"][0].code == "max_length"
