@@ -178,7 +178,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             if verdict is not None:
                 PrincipalRateThrottle.counted(request, budget[0], *verdict)
         else:
-            # Before the read: a change of access refused or waited for.
+            # Before the read (key_cache.register): a key read while a change
+            # of access holds the registrations is not kept.
             if epoch is not None and not key_cache.register():
                 epoch = None  # not kept: read again next time
             api_key = self._verified(prefix, secret)
