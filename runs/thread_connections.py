@@ -39,9 +39,20 @@ from django.db.backends.signals import connection_created
 
 logger = logging.getLogger(__name__)
 
-# Idle connections kept per database alias and process: a run's executor uses
-# a few threads at a time, and a worker process executes one run at a time.
-SHELF_SIZE = 4
+# Idle connections kept per database alias and process: as many as the
+# threads of a fresh LangGraph pool (ThreadPoolExecutor's default size, which
+# `get_executor_for_config` takes when `max_concurrency` is unset), so that a
+# pool's threads, ending, leave theirs for the next pool's. A shelf of 4
+# closed two sessions at the end of every `graph.invoke` on a 2-core machine
+# (6 threads) and the next invoke opened two (17 sessions over 6 invokes of
+# the 200-step chat of bench/checkpoints.py, 7 with this size). Each closed
+# session also left the heap page it was filling in each table it inserted
+# into part-filled for good (Postgres fills a page per session and records
+# free space only for pages a session gives up as full): the chat's
+# pending-write heap took 93-97 KB a thread instead of 84-85 KB.
+# A worker process executes one run at a time, on its kept pool
+# (runs.graph_executor); this shelf serves the threads of other pools.
+SHELF_SIZE = min(32, (os.cpu_count() or 1) + 4)
 
 _lock = threading.Lock()
 _shelf: dict[str, list] = {}

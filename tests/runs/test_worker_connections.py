@@ -144,6 +144,34 @@ def test_the_shelf_keeps_a_few_and_closes_the_others():
     )
 
 
+def test_a_fresh_pools_threads_leave_their_connections_to_the_next_pool():
+    """LangGraph opens a pool of its default size for every `graph.invoke`
+    outside a worker: all its threads' connections wait on the shelf for the
+    next pool's (a shelf smaller than the pool closed the rest, and the next
+    pool opened as many, each leaving a part-filled heap page behind)."""
+
+    def fill_a_pool() -> set[int]:
+        pool = ContextThreadPoolExecutor()
+        size = pool._max_workers
+        started = threading.Barrier(size)
+
+        def work():
+            thread_connections.bind()
+            started.wait(timeout=10)  # all the pool's threads busy at once
+            return _backend_pid()
+
+        with pool:
+            pids = {f.result() for f in [pool.submit(work) for _ in range(size)]}
+        assert len(pids) == size
+        return pids
+
+    first = fill_a_pool()
+    assert thread_connections.shelved() == len(first)
+    opened = _sessions_opened()
+    assert fill_a_pool() == first
+    assert _sessions_opened() == opened
+
+
 def test_a_shelved_connection_that_died_is_replaced_before_its_first_query():
     first = _in_a_thread(_backend_pid)
     _terminate(first)  # a Postgres restart, a failover, an idle timeout
