@@ -453,6 +453,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self._created_threads: set[int] = set()
         # The pks of the threads it knows are marked `uses_delta_channels`.
         self._delta_threads: set[int] = set()
+        # The ids of the threads adopted with no checkpoint (see adopt).
+        self._empty_threads: set[str] = set()
         self._versions = VersionSequence()
 
     def with_allowlist(self, extra_allowlist: Iterable[tuple[str, ...]]) -> DjangoSaver:
@@ -474,10 +476,13 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone._written_threads = {}
         clone._created_threads = set()
         clone._delta_threads = set()
+        clone._empty_threads = set()
         clone._versions = VersionSequence()  # another tenant's: its own
         return clone
 
-    def adopt(self, thread: Thread, cipher: ThreadCipher) -> None:
+    def adopt(
+        self, thread: Thread, cipher: ThreadCipher, *, empty: bool = False
+    ) -> None:
         """Write to `thread` as if this saver had written to it already.
 
         For the worker that claimed a run: it read the thread alive, with its
@@ -486,10 +491,19 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         still checks the thread alive in its statement (the late-write rule);
         one that finds it gone takes the transactional path, which refuses it
         (ThreadDeleted), as it refuses a thread deleted after any first write.
+
+        `empty`: the claim read that the thread has no checkpoint, and none
+        can be written but by this run (runs of a thread execute one at a
+        time; the others that write checkpoints, a fork, a migration, need
+        one already): the graph's first read of the thread's latest
+        checkpoint answers None without a query (get_tuple), a round trip
+        off every thread's first run.
         """
         if thread.tenant_id != self.tenant.pk:
             raise ValueError("the thread belongs to another tenant")
         self._written_threads[str(thread.thread_id)] = (thread.pk, cipher)
+        if empty:
+            self._empty_threads.add(str(thread.thread_id))
         if thread.uses_delta_channels:
             self._delta_threads.add(thread.pk)
 
@@ -677,6 +691,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             uses_delta=any(isinstance(v, _DeltaSnapshot) for v in blob_values.values())
             or any(key in stored_metadata for key in _DELTA_METADATA_KEYS),
         )
+        self._empty_threads.discard(thread_id)  # see adopt
         thread_connections.bind(self.using)
         outages.through_outages(
             lambda: self._put(thread_id, plan),
@@ -1010,8 +1025,15 @@ class DjangoSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """One query on Postgres: the checkpoint, its blobs and its writes."""
-        thread_connections.bind(self.using)
         configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        if thread_id in self._empty_threads:
+            # Only the first read, of the latest checkpoint (see adopt): any
+            # later one may follow this saver's own writes.
+            self._empty_threads.discard(thread_id)
+            if not configurable.get("checkpoint_ns") and not get_checkpoint_id(config):
+                return None
+        thread_connections.bind(self.using)
         tables = _read_tables()
         # The thread's id is resolved first, so the latest checkpoint comes from
         # a backward scan of its unique index, whatever the thread's length.
@@ -1021,7 +1043,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         )
         params: tuple = (
             self.tenant.pk,
-            str(configurable["thread_id"]),
+            thread_id,
             configurable.get("checkpoint_ns", ""),
         )
         if checkpoint_id := get_checkpoint_id(config):

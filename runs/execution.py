@@ -241,10 +241,14 @@ def _runs_ahead(thread_id, run_id, created_at) -> QuerySet:
 
 def _claim_annotations() -> dict:
     """What the claim reads with the run: whether it waits for another run,
-    and what a resume must find in the graph."""
+    what a resume must find in the graph, and whether the thread has a
+    checkpoint (a thread's first run need not look for one: _invoke)."""
     return {
         "behind": Exists(
             _runs_ahead(OuterRef("thread_id"), OuterRef("pk"), OuterRef("created_at"))
+        ),
+        "checkpointed": Exists(
+            Checkpoint.objects.filter(thread_id=OuterRef("thread_id")).order_by()
         ),
         "waiting_nodes": Subquery(
             selectors.waiting_nodes_query(OuterRef("thread_id")),
@@ -546,8 +550,16 @@ def _invoke(
             waiting = selectors.waiting_nodes(thread)
         ensure_nodes_exist(graph, waiting, key=spec.key)
     cipher = ThreadCipher.for_thread(thread)
-    # The claim read the thread alive, locked: no look-up before the first write.
-    graph.checkpointer.adopt(thread, cipher)
+    # The claim read the thread alive, locked: no look-up before the first write;
+    # and, for the first attempt of a run from the thread's latest state, whether
+    # there is a state to load (none: the thread's first run).
+    graph.checkpointer.adopt(
+        thread,
+        cipher,
+        empty=untried
+        and not run.checkpoint_id
+        and getattr(run, "checkpointed", None) is False,
+    )
     graph_input, config = _graph_input(run, thread, cipher, untried=untried)
     context = RunContext(
         tenant_id=thread.tenant_id,

@@ -821,6 +821,37 @@ def test_an_adopted_thread_takes_its_first_write_in_one_statement():
 
 
 @pytest.mark.django_db
+def test_a_thread_adopted_empty_answers_its_first_read_without_a_query():
+    # The claim read that the thread has no checkpoint: the graph's first read
+    # of its latest is None, asked of nobody; every later read is a query.
+    # (Adopted empty over a stored checkpoint here, so that a None shows no
+    # query was made.)
+    tenant = make_tenant()
+    thread = Thread.objects.create_with_data_key(tenant=tenant, thread_id="a")
+    stored = put_checkpoint(DjangoSaver(tenant=tenant), "a", {"text": "hello"})
+    saver = DjangoSaver(tenant=tenant)
+    saver.adopt(thread, ThreadCipher.for_thread(thread), empty=True)
+    assert saver.get_tuple(thread_config("a")) is None
+    latest = saver.get_tuple(thread_config("a"))
+    assert latest.checkpoint["channel_values"] == {"text": "hello"}
+    # Only the latest of the root namespace: a named checkpoint, a subgraph's
+    # namespace, or a read after the saver's own write is always a query.
+    for config in (
+        stored,
+        {"configurable": {"thread_id": "a", "checkpoint_ns": "sub:1"}},
+    ):
+        saver.adopt(thread, ThreadCipher.for_thread(thread), empty=True)
+        found = saver.get_tuple(config)
+        assert (found is None) == (config is not stored)
+        assert saver.get_tuple(thread_config("a")) is not None
+    saver.adopt(thread, ThreadCipher.for_thread(thread), empty=True)
+    put_checkpoint(saver, "a", {"text": "mine"}, parent=stored)
+    assert saver.get_tuple(thread_config("a")).checkpoint["channel_values"] == {
+        "text": "mine"
+    }
+
+
+@pytest.mark.django_db
 def test_an_adopted_thread_deleted_after_the_claim_refuses_late_writes():
     tenant = make_tenant()
     thread = Thread.objects.create_with_data_key(tenant=tenant, thread_id="a")

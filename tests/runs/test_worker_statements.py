@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
 from runs import dispatch, execution, streaming
+from runs.checkpointer import DjangoSaver
 from runs.crypto import ThreadCipher
 from runs.models import Run, Thread, ToolCall
 from runs.signals import InterruptRejected, run_interrupted
@@ -151,6 +152,43 @@ def test_a_gates_request_is_inserted_in_the_statement_of_its_event(dispatched):
     event = AuditEvent.objects.for_tenant(tenant).get(kind="approval.requested")
     assert event.data["approval_id"] == str(request.pk)
     assert Run.objects.get(pk=request.run_id).status == Run.Status.INTERRUPTED
+
+
+def test_a_threads_first_run_looks_for_no_checkpoint_to_start_from(
+    dispatched, monkeypatch
+):
+    """The claim reads whether the thread has a checkpoint: on its first run
+    the graph starts from none without asking (only the state read after the
+    graph stopped is a read of checkpoints), on a later run it loads the
+    thread's latest."""
+    reads: list[str] = []
+    query = DjangoSaver._query
+
+    def counted(self, statements):
+        reads.extend(sql for sql, _ in statements)
+        return query(self, statements)
+
+    monkeypatch.setattr(DjangoSaver, "_query", counted)
+    tenant, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t-1", "agent": "refund"}, format="json"
+    )
+    client.post("/api/v1/threads/t-1/runs", {"input": REFUND_INPUT}, format="json")
+    execution.execute(dispatched.pop())
+    assert len(reads) == 1
+    assert Run.objects.get().status == Run.Status.INTERRUPTED
+    approval_id = client.get("/api/v1/threads/t-1").json()["pending_approvals"][0]
+    reads.clear()
+    client.post(
+        f"/api/v1/approvals/{approval_id}/decision",
+        {"approved": True, "reviewer": "rita"},
+        format="json",
+    )
+    reads.clear()  # the decision's gate check reads the state too
+    execution.execute(dispatched.pop())
+    # The resume: the interrupted checkpoint loaded, and the state read.
+    assert len(reads) == 2
+    assert Run.objects.filter(status=Run.Status.SUCCEEDED).count() == 1
 
 
 def test_a_rejected_interrupt_rolls_back_what_the_receivers_wrote(dispatched):
