@@ -6,6 +6,9 @@ import uuid
 
 from django.db import transaction
 from django.http import Http404
+from django_filters.constants import EMPTY_VALUES
+from django_filters.rest_framework import DjangoFilterBackend
+from django_filters.utils import translate_validation
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics
 from rest_framework.response import Response
@@ -106,10 +109,110 @@ _SUMMARY_COLUMNS = tuple(
 )
 
 
+def _summaries(tenant):
+    # The summary's columns and the thread's id, not every column of the
+    # request, its thread and their tenant (14 where there were 41, the
+    # payloads among them): a third of the query to compile, and rows made of
+    # what the page shows.
+    return (
+        ApprovalRequest.objects.for_tenant(tenant)
+        .filter(thread__deleted_at__isnull=True)
+        .select_related("thread")
+        .only(*_SUMMARY_COLUMNS)
+    )
+
+
+def _summary_page(tenant, filters, values, ordering, limit):
+    """The list's first page as the ORM builds it: the tenant's live requests,
+    each filter of ApprovalFilter applied with its value (django-filter's
+    own `filter`), in the paginator's order, `limit` rows."""
+    queryset = _summaries(tenant)
+    for filter_, value in zip(filters, values, strict=True):
+        queryset = filter_.filter(queryset, value)
+    return queryset.order_by(*ordering)[:limit]
+
+
+# The list's first pages by shape (the filters given, the order, the rows
+# asked for): each compiled once per process (runs.fixed_queries). Building
+# and compiling the query was a third of the request's CPU (find-approval in
+# bench/decision_probe.py). The shapes are few (the filters given of four,
+# one order, a page size of at most max_page_size + 1); past _MAX_SHAPES a
+# new shape is built by the ORM each time, as before.
+_FIRST_PAGES: dict[tuple, FixedQuery] = {}
+_MAX_SHAPES = 64
+
+
+class _FirstPage:
+    """The list's queryset as CursorPagination.paginate_queryset uses it on a
+    page without a cursor: ordered (`order_by`), then sliced once from the
+    start and read. The same query as the ORM's queryset (_summary_page),
+    its SQL compiled once per shape; a page with a cursor (a filter on the
+    position) is the ORM's."""
+
+    def __init__(self, tenant_pk: int, filters: dict, given: dict) -> None:
+        self.tenant_pk = tenant_pk
+        self.names = tuple(given)
+        self.filters = tuple(filters[name] for name in self.names)
+        self.values = tuple(given.values())
+        self.ordering: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, tenant_pk: int, filterset: ApprovalFilter) -> _FirstPage | None:
+        """The first page of a valid filterset's filters; None where a value
+        is not a plain string as the compiled query's parameter of its filter
+        is (a choice filter's null value is a filter on NULL: another shape
+        of query)."""
+        given = {
+            name: value
+            for name, value in filterset.form.cleaned_data.items()
+            if value not in EMPTY_VALUES
+        }
+        for name, value in given.items():
+            if type(value) is not str or value == getattr(
+                filterset.filters[name], "null_value", None
+            ):
+                return None
+        return cls(tenant_pk, filterset.filters, given)
+
+    def order_by(self, *ordering: str) -> _FirstPage:
+        self.ordering = ordering
+        return self
+
+    def __getitem__(self, rows: slice) -> list[ApprovalRequest]:
+        if rows.start not in (0, None) or rows.step is not None or rows.stop is None:
+            raise TypeError("only a first page is read from here")
+        key = (self.names, self.ordering, rows.stop)
+        query = _FIRST_PAGES.get(key)
+        if query is None and len(_FIRST_PAGES) < _MAX_SHAPES:
+            filters, ordering, limit = self.filters, self.ordering, rows.stop
+            query = _FIRST_PAGES.setdefault(
+                key,
+                FixedQuery(
+                    lambda tenant_pk, *values: _summary_page(
+                        tenant_pk, filters, values, ordering, limit
+                    ),
+                    -1,
+                    # Samples no request sends (a value with a NUL is never
+                    # a choice; no thread_id holds one).
+                    *(f"\x00sample {name}" for name in self.names),
+                ),
+            )
+        if query is None:
+            return list(
+                _summary_page(
+                    self.tenant_pk, self.filters, self.values, self.ordering, rows.stop
+                )
+            )
+        return query(self.tenant_pk, *self.values)
+
+
 class ApprovalListView(generics.ListAPIView):
     required_scope = Scope.APPROVALS
     serializer_class = ApprovalSummarySerializer
 
+    # Named here, not taken from the settings: the list's first page applies
+    # these filters itself (_FirstPage), and only these.
+    filter_backends = [DjangoFilterBackend]
     filterset_class = ApprovalFilter
 
     @extend_schema(summary="Approval requests")
@@ -119,21 +222,26 @@ class ApprovalListView(generics.ListAPIView):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return ApprovalRequest.objects.none()
-        # The summary's columns and the thread's id, not every column of the
-        # request, its thread and their tenant (14 where there were 41, the
-        # payloads among them): a third of the query to compile, and rows
-        # made of what the page shows.
-        return (
-            ApprovalRequest.objects.for_tenant(self.request.principal.tenant)
-            .filter(thread__deleted_at__isnull=True)
-            .select_related("thread")
-            .only(*_SUMMARY_COLUMNS)
-        )
+        return _summaries(self.request.principal.tenant)
 
     def list(self, request, *args, **kwargs):
         # ListModelMixin.list with the page rendered by a shared serializer
         # (runs.api.serializers.represent); the list is always paginated.
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        rows = None
+        if self.paginator.cursor_query_param not in request.query_params:
+            # DjangoFilterBackend.filter_queryset's validation, the same 400;
+            # the filters are applied by the first page's compiled query.
+            filterset = ApprovalFilter(
+                request.query_params,
+                queryset=ApprovalRequest.objects.none(),
+                request=request,
+            )
+            if not filterset.is_valid():
+                raise translate_validation(filterset.errors)
+            rows = _FirstPage.of(request.principal.tenant.pk, filterset)
+        if rows is None:
+            rows = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(rows)
         return self.get_paginated_response(
             represent(ApprovalSummarySerializer, page, many=True)
         )
