@@ -37,10 +37,12 @@ the ORM in a transaction, and two or three queries per read.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 import os
 import secrets
+import threading
 from collections import defaultdict
 from collections.abc import (
     AsyncIterator,
@@ -260,8 +262,9 @@ def _put_statement(blob_count: int) -> str:
 
 @lru_cache(maxsize=32)
 def _put_writes_statement(write_count: int, upsert: bool) -> str:
-    """Answers whether the thread is alive and, for inserts, whether a packed
-    row was inserted (0 when the task's earlier call holds its place)."""
+    """Answers whether the thread is alive, for inserts whether a packed row
+    was inserted (0 when the task's earlier call holds its place), and how
+    many rows were stored (upserted, or inserted where none was)."""
     rows = ", ".join(["(%s::integer, %s::text, %s::text, %s::bytea)"] * write_count)
     on_conflict = (
         "DO UPDATE SET channel = EXCLUDED.channel, task_path = EXCLUDED.task_path, "
@@ -278,7 +281,8 @@ def _put_writes_statement(write_count: int, upsert: bool) -> str:
         "value) "
         "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) "
         f"{on_conflict} RETURNING idx) SELECT (SELECT count(*) FROM t), "
-        f"(SELECT count(*) FROM saved WHERE idx >= {PACKED_WRITES_IDX})"
+        f"(SELECT count(*) FROM saved WHERE idx >= {PACKED_WRITES_IDX}), "
+        "(SELECT count(*) FROM saved)"
     )
 
 
@@ -410,6 +414,57 @@ class _LiveThread:
     uses_delta_channels: bool
 
 
+@dataclass
+class _Head:
+    """A worker's copy of its thread's latest checkpoint in a namespace, as
+    stored: the row, the blob rows it uses, its write rows (keyed by task id
+    and idx, the key of their unique index). Bytes as the database holds
+    them, so that a tuple built from it goes through the same decryption as
+    one read back (see DjangoSaver.head)."""
+
+    row: _Row
+    blobs: dict[tuple[str, str], bytes]  # (channel, version) -> value
+    writes: dict[tuple[str, int], tuple]  # -> (task id, idx, channel, path, value)
+
+    def fingerprint(self) -> str:
+        """What head_fingerprint_sql answers for the same rows."""
+        digest = hashlib.md5(usedforsecurity=False)
+        digest.update(bytes(self.row.checkpoint))
+        digest.update(bytes(self.row.metadata or b""))
+        for (task_id, idx), (_, _, channel, path, value) in sorted(
+            self.writes.items(), key=lambda item: (compact_id(item[0][0]), item[0][1])
+        ):
+            digest.update(compact_id(task_id))
+            digest.update(idx.to_bytes(4, "big", signed=True))
+            digest.update(channel.encode())
+            digest.update(path.encode())
+            digest.update(bytes(value))
+        return f"{len(self.blobs)}:{digest.hexdigest()}"
+
+
+def head_fingerprint_sql(thread_pk_column: str) -> str:
+    """SQL for the fingerprint of the thread's latest root checkpoint as
+    stored (_Head.fingerprint of the same rows), or NULL if it has none:
+    its row's ciphertexts, its writes (key, columns and ciphertext, in key
+    order) and how many of the blobs it names are stored. `thread_pk_column`:
+    the outer query's column holding the thread's id."""
+    tables = _read_tables()
+    return (
+        "(SELECT (SELECT count(*) FROM jsonb_each_text(c.blob_versions) AS used "
+        f"WHERE EXISTS (SELECT 1 FROM {tables.blob} b WHERE b.thread_id = "
+        "c.thread_id AND b.checkpoint_ns = c.checkpoint_ns AND b.channel = "
+        "used.key AND b.version = used.value))::text || ':' || md5(c.checkpoint "
+        "|| coalesce(c.metadata, ''::bytea) || coalesce((SELECT string_agg("
+        "w.task_id || int4send(w.idx) || convert_to(w.channel, 'UTF8') || "
+        "convert_to(w.task_path, 'UTF8') || w.value, ''::bytea ORDER BY "
+        f"w.task_id, w.idx) FROM {tables.write} w WHERE w.thread_id = c.thread_id "
+        "AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = "
+        "c.checkpoint_id), ''::bytea)) "
+        f"FROM {tables.checkpoint} c WHERE c.thread_id = {thread_pk_column} "
+        "AND c.checkpoint_ns = '' ORDER BY c.checkpoint_id DESC LIMIT 1)"
+    )
+
+
 def _is_inline(value: Any) -> bool:
     if value is None or isinstance(value, (bool, int, float)):
         return True
@@ -456,6 +511,18 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         # The ids of the threads adopted with no checkpoint (see adopt).
         self._empty_threads: set[str] = set()
         self._versions = VersionSequence()
+        self._reset_heads()
+
+    def _reset_heads(self) -> None:
+        # The threads a worker adopted: pk -> (thread id, wrapped key, key id);
+        # and what this saver last read or wrote of their namespaces (see
+        # head). Shared with the allow-listed copies LangGraph writes through.
+        self._remembered: dict[int, tuple[str, Any, str]] = {}
+        self._heads: dict[tuple[int, str], _Head | None] = {}
+        self._heads_lock = threading.Lock()
+        # The tuple get_tuple answers for its thread's latest root checkpoint
+        # (see answering), instead of reading it.
+        self._answer: CheckpointTuple | None = None
 
     def with_allowlist(self, extra_allowlist: Iterable[tuple[str, ...]]) -> DjangoSaver:
         """LangGraph's hook for the types a graph's state declares."""
@@ -478,6 +545,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone._delta_threads = set()
         clone._empty_threads = set()
         clone._versions = VersionSequence()  # another tenant's: its own
+        clone._reset_heads()
         return clone
 
     def adopt(
@@ -506,6 +574,133 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             self._empty_threads.add(str(thread.thread_id))
         if thread.uses_delta_channels:
             self._delta_threads.add(thread.pk)
+        if self._on_postgres:
+            with self._heads_lock:
+                self._remembered[thread.pk] = (
+                    str(thread.thread_id),
+                    thread.wrapped_data_key,
+                    thread.data_key_id,
+                )
+                for key in [key for key in self._heads if key[0] == thread.pk]:
+                    del self._heads[key]
+
+    # --- the head: what a worker's run last read or wrote -------------------------
+    #
+    # At the end of a run its worker needs the thread's state (LangGraph's
+    # get_state): reading back the checkpoint the run has just written cost a
+    # round trip and the query's CPU. For an adopted thread (Postgres only),
+    # the saver keeps the rows of its latest root checkpoint as it last read
+    # them (LangGraph reads it when a run starts) or wrote them: a put makes
+    # its checkpoint the head, with the blobs it uses; a put_writes to the
+    # head adds its rows as the database keeps them (upserted, or inserted if
+    # absent: a write that found any row in its place forgets the head, as
+    # does every path other than the one-statement writes). head() decrypts
+    # them through the code get_tuple's answer goes through. Whether the
+    # database still holds exactly these rows is for the caller to check
+    # (head_fingerprint_sql, in the statement that locks the run to record
+    # it): nothing here can see another writer's rows.
+
+    def head(self, thread_pk: int, ns: str = "") -> tuple[CheckpointTuple, str] | None:
+        """The adopted thread's head as get_tuple would answer it, with its
+        fingerprint; None if the saver has no complete copy of it."""
+        with self._heads_lock:
+            head = self._heads.get((thread_pk, ns))
+            if head is None:
+                return None
+            writes = list(head.writes.values())
+            blobs = {
+                (thread_pk, ns, channel, version): value
+                for (channel, version), value in head.blobs.items()
+            }
+            fingerprint = head.fingerprint()
+            row = head.row
+        return self._decrypt_tuple(row, blobs, writes), fingerprint
+
+    def answering(self, saved: CheckpointTuple) -> DjangoSaver:
+        """This saver, whose get_tuple answers `saved` for its thread's latest
+        checkpoint of its namespace (a config without a checkpoint id), to
+        build a state snapshot from a tuple already at hand (LangGraph's
+        get_state takes its saver from the config's CONFIG_KEY_CHECKPOINTER)."""
+        clone = copy.copy(self)
+        clone._answer = saved
+        return clone
+
+    def _remember_read(self, row: _Row, blobs: dict, writes: list[tuple]) -> None:
+        if row.thread_pk not in self._remembered:
+            return
+        head = _Head(
+            row=row,
+            blobs={(key[2], key[3]): bytes(value) for key, value in blobs.items()},
+            writes={(w[0], w[1]): (*w[:4], bytes(w[4])) for w in writes},
+        )
+        with self._heads_lock:
+            self._heads[(row.thread_pk, row.ns)] = head
+
+    def _remember_put(self, thread_pk: int, plan: _PutPlan, sealed: _SealedPut) -> None:
+        if thread_pk not in self._remembered:
+            return
+        key = (thread_pk, plan.ns)
+        with self._heads_lock:
+            known = self._heads.get(key)
+            stored = dict(known.blobs) if known is not None else {}
+            for channel, version, value in sealed.blobs:
+                # Unique to this saver (VersionSequence): never another's row.
+                stored.setdefault((channel, version), value)
+            blobs = {}
+            for channel, version in plan.blob_versions.items():
+                value = stored.get((channel, version))
+                if value is None:  # stored before this run read or wrote it
+                    self._heads[key] = None
+                    return
+                blobs[(channel, version)] = value
+            thread_id, wrapped, key_id = self._remembered[thread_pk]
+            checkpoint_id = id_text(compact_id(plan.checkpoint_id))
+            writes = (
+                known.writes
+                if known is not None and known.row.checkpoint_id == checkpoint_id
+                else {}  # the upsert of a checkpoint keeps its writes
+            )
+            row = _Row(
+                thread_pk,
+                thread_id,
+                wrapped,
+                key_id,
+                plan.ns,
+                checkpoint_id,
+                id_text(compact_id(plan.parent_checkpoint_id)),
+                plan.blob_versions,
+                sealed.checkpoint,
+                sealed.metadata,
+            )
+            self._heads[key] = _Head(row, blobs, writes)
+
+    def _remember_writes(
+        self,
+        thread_pk: int,
+        ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        rows: list[tuple[int, str, str, bytes]] | None,
+    ) -> None:
+        """`rows` each stored as given (upserted, or inserted where no row
+        was), or None: what the database holds is not known."""
+        if thread_pk not in self._remembered:
+            return
+        key = (thread_pk, ns)
+        with self._heads_lock:
+            head = self._heads.get(key)
+            if head is None or head.row.checkpoint_id != id_text(
+                compact_id(checkpoint_id)
+            ):
+                return
+            if rows is None:
+                self._heads[key] = None
+                return
+            task = id_text(compact_id(task_id))
+            # Every row stored (upserted, or inserted where none was): the
+            # database's row of each key is this one.
+            for idx, channel, path, value in rows:
+                head.writes[(task, idx)] = (task, idx, channel, path, value)
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         return self._versions.after(current)
@@ -745,6 +940,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         )
 
     def _put_in_transaction(self, thread_id: str, plan: _PutPlan) -> None:
+        # Inside a caller's transaction, the rows may yet be rolled back.
+        outer = connections[self.using].in_atomic_block
         with transaction.atomic(using=self.using):
             thread = self._thread_for_write(thread_id)
             sealed = self._seal_put(thread.cipher, plan)
@@ -790,6 +987,11 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             )
             if plan.uses_delta:
                 self._mark_delta(thread)
+        if outer:
+            with self._heads_lock:
+                self._heads.pop((thread.pk, plan.ns), None)
+        else:
+            self._remember_put(thread.pk, plan, sealed)
 
     def _put_in_one_statement(
         self, thread_pk: int, cipher: ThreadCipher, plan: _PutPlan
@@ -813,7 +1015,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             sealed.metadata,
             timezone.now(),
         )
-        return self._write_if_alive(_put_statement(len(sealed.blobs)), params)
+        if not self._write_if_alive(_put_statement(len(sealed.blobs)), params):
+            return False
+        self._remember_put(thread_pk, plan, sealed)
+        return True
 
     def _write_if_alive(self, sql: str, params: Sequence[Any]) -> bool:
         """Run a guarded write; False if the thread row was not found alive.
@@ -942,11 +1147,21 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             for row in sealed:
                 params += row
             statement = _put_writes_statement(len(sealed), special)
-            alive, packed_rows = self._write_returning(statement, params)
+            alive, packed_rows, stored = self._write_returning(statement, params)
             if alive == 1 and (packed_rows or not packed):
+                self._remember_writes(
+                    thread_pk,
+                    ns,
+                    checkpoint_id,
+                    task_id,
+                    sealed if stored == len(sealed) else None,
+                )
                 return
             # Dead or not yet committed (below tells which), or the task's
             # earlier call holds the packed row's place: merged below.
+        if known is not None:
+            # What this path stores is not followed: the head is forgotten.
+            self._remember_writes(known[0], ns, checkpoint_id, task_id, None)
         with transaction.atomic(using=self.using):
             thread = self._thread_for_write(thread_id)
             manager = PendingWrite.objects.using(self.using)
@@ -1046,7 +1261,16 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             thread_id,
             configurable.get("checkpoint_ns", ""),
         )
-        if checkpoint_id := get_checkpoint_id(config):
+        checkpoint_id = get_checkpoint_id(config)
+        answer = self._answer
+        if (
+            answer is not None
+            and not checkpoint_id
+            and answer.config["configurable"]["thread_id"] == params[1]
+            and answer.config["configurable"]["checkpoint_ns"] == params[2]
+        ):
+            return answer
+        if checkpoint_id:
             where += " AND c.checkpoint_id = %s"
             params += (compact_id(checkpoint_id),)
         if self._on_postgres:
@@ -1063,6 +1287,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 (id_text(task_id), int(idx), channel.decode(), path.decode(), value)
                 for task_id, idx, channel, path, value in stored_writes or ()
             ]
+            if self._remembered:
+                self._remember_read(row, blobs, writes)
             return self._decrypt_tuple(row, blobs, writes)
         return self._get_tuple_in_steps(where, params)
 

@@ -24,8 +24,10 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Exists, JSONField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
-from langgraph.types import Command
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.types import Command, StateSnapshot
 
 from audit import events
 from audit.services import Actor
@@ -41,6 +43,7 @@ from runs import (
     thread_connections,
     wakeups,
 )
+from runs.checkpointer import DjangoSaver, head_fingerprint_sql
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
@@ -85,6 +88,18 @@ class Outcome:
     cancelled: str = ""
     # How the failed run undid what it did, if it had anything to undo.
     compensated: compensation.Compensated | None = None
+    # The fingerprint of the saver's copy of the thread's head the state
+    # above was built from (runs.checkpointer.DjangoSaver.head), checked
+    # against the database's when the run is recorded; None if the state
+    # was read from the database.
+    head: str | None = None
+    # Reads the state above from the database instead (see _read_state).
+    reread: Any = None
+
+
+class HeadChanged(Exception):
+    """The database's head of the thread is not the saver's copy the run's
+    outcome was built from: nothing recorded, the state is read again."""
 
 
 class RunCancelled(Exception):
@@ -296,15 +311,27 @@ _PEEK_RUN = FixedQuery(
 _RUNS_AHEAD = FixedQuery(
     _runs_ahead, -0x5A3B1E, _SAMPLE_RUN_ID, datetime(1970, 1, 2, 3, 4, 5, 6, UTC)
 )
+
+
 # The finish's one query: the run with its thread and tenant, the thread and
 # the run locked, in this order (a statement's FOR ... OF locks each row in
 # the order it names the tables: _claim's lock order).
-_FINISH = FixedQuery(
-    lambda run_id: (
+def _finish_query(run_id) -> QuerySet:
+    return (
         Run.objects.select_related("thread__tenant")
         .select_for_update(of=("thread", "self"), no_key=True)
         .filter(pk=run_id, thread__deleted_at__isnull=True)
         .order_by()
+    )
+
+
+_FINISH = FixedQuery(_finish_query, _SAMPLE_RUN_ID)
+# The same, with the fingerprint of the thread's head as stored (Postgres):
+# whether the saver's copy of it, which the run's outcome was built from,
+# is what the database holds.
+_FINISH_CHECKING_HEAD = FixedQuery(
+    lambda run_id: _finish_query(run_id).annotate(
+        head=RawSQL(head_fingerprint_sql(f'"{Run._meta.db_table}"."thread_id"'), ())
     ),
     _SAMPLE_RUN_ID,
 )
@@ -591,13 +618,46 @@ def _invoke(
                     publisher.publish(_stream_name(mode, namespace), chunk)
                 watch.check()
     except RunCancelled as cancelled:
+        # A cancelled run is recorded without its state (record_cancelled).
         outcome.cancelled = cancelled.action
-    state = graph.get_state(thread_config(thread))
+        return outcome
+    _read_state(outcome, graph, thread)
+    return outcome
+
+
+def _read_state(outcome: Outcome, graph, thread: Thread) -> StateSnapshot:
+    """The thread's state as the run left it, into `outcome`: built from the
+    saver's copy of the checkpoint the run last read or wrote (no round trip,
+    no query), if it has one; _record_end then checks, in the statement
+    that locks the run, that the database holds exactly those rows, and
+    has the state read from the database otherwise (HeadChanged)."""
+
+    def from_database() -> StateSnapshot:
+        state = graph.get_state(thread_config(thread))
+        _state_into(outcome, state)
+        outcome.head = None
+        return state
+
+    outcome.reread = from_database
+    saver = graph.checkpointer
+    known = saver.head(thread.pk) if isinstance(saver, DjangoSaver) else None
+    if known is None:
+        return from_database()
+    saved, fingerprint = known
+    config = thread_config(thread)
+    # get_state takes its saver from here: one that answers `saved`.
+    config["configurable"][CONFIG_KEY_CHECKPOINTER] = saver.answering(saved)
+    state = graph.get_state(config)
+    _state_into(outcome, state)
+    outcome.head = fingerprint
+    return state
+
+
+def _state_into(outcome: Outcome, state) -> None:
     outcome.interrupts = list(state.interrupts)
     outcome.next_nodes = list(state.next)
     outcome.gate_nodes = gate_nodes_of(state)
     outcome.values = state.values
-    return outcome
 
 
 def _invoke_through_outages(
@@ -695,7 +755,8 @@ def _record_end(
     with transaction.atomic():
         # Both rows in one round trip, each read as it is once locked,
         # whatever committed while the statement waited for the lock.
-        run = _first(_FINISH(run_pk))
+        finish = _FINISH if outcome.head is None else _FINISH_CHECKING_HEAD
+        run = _first(finish(run_pk))
         if run is None:
             return  # its thread deleted while running: nothing left to record
         thread = run.thread  # the locked row: receivers read run.thread
@@ -707,6 +768,13 @@ def _record_end(
         if outcome.cancelled:
             record_cancelled(run=run, thread=thread, actor=SYSTEM, publisher=publisher)
             return
+        if outcome.head is not None and (
+            run.head != outcome.head or thread.wrapped_data_key is None
+        ):
+            # Written meanwhile by another (none may write to a thread whose
+            # run is running: a fork, a state update, a migration wait for
+            # it), or shredded: what the run leaves is the database's.
+            raise HeadChanged(run_id)
         error = outcome.error
         if outcome.interrupts:  # the nodes it stopped before, even if rejected
             run.next_nodes = outcome.next_nodes
@@ -804,10 +872,30 @@ def execute(run_id: str) -> None:
     finally:
         LEASES.release(run.id)
         replay.forget_run(run_id)
-    outages.through_outages(
-        lambda: _finish(run_id, owner, outcome, publisher),
-        what=f"run {run_id}: recording its outcome",
-    )
+
+    def finish() -> None:
+        nonlocal outcome
+        try:
+            _finish(run_id, owner, outcome, publisher)
+        except HeadChanged:
+            outcome = _read_again(run, thread, owner, outcome)
+            _finish(run_id, owner, outcome, publisher)
+
+    outages.through_outages(finish, what=f"run {run_id}: recording its outcome")
+
+
+def _read_again(run: Run, thread: Thread, owner: str, outcome: Outcome) -> Outcome:
+    """The outcome with the state read from the database, as _run would have
+    read it (an error reading it fails the run, as it would have there)."""
+    try:
+        outcome.reread()
+    except Exception as exc:
+        if outages.is_database_outage(exc):
+            raise
+        return _failed(
+            run, thread, owner, Outcome(error=exc, values=_final_values(thread, run))
+        )
+    return outcome
 
 
 def _run(
@@ -829,6 +917,11 @@ def _run(
                 raise
             logger.info("run %s failed: %s", run.id, type(exc).__name__)
             outcome = Outcome(error=exc, values=_final_values(thread, run))
+    return _failed(run, thread, owner, outcome)
+
+
+def _failed(run: Run, thread: Thread, owner: str, outcome: Outcome) -> Outcome:
+    """A failed run's outcome, with how it undid what it did (if it did)."""
     if outcome.error is not None:
         outcome.compensated = compensation.compensate(
             run=run,

@@ -1,0 +1,266 @@
+"""The state a worker records a run with, built from its saver's copy of the
+checkpoint the run last wrote (runs.execution._read_state), is the state a
+read of the database gives (LangGraph's get_state through the saver's
+get_tuple), in every case: interrupts (one, two in parallel branches, two in
+one node, an input interrupt), a success through the ledger, a failure; and
+when another writer changed the thread's head between the end of the run's
+graph and its finish, the database's state is the one recorded.
+
+The test is the worker: it executes the runs in this process
+(runs.execution.execute), as tests/runs/test_worker_statements.py does.
+"""
+
+import pytest
+from django.db import connection
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+
+from runs import dispatch, execution
+from runs.checkpointer import head_fingerprint_sql
+from runs.graphs import compile_for, thread_config
+from runs.models import Run, Thread
+from tests.agents import provider_marker
+from tests.factories import tenant_with_client
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
+REFUND_INPUT = {
+    "customer_message": "My blender arrived damaged, please refund me.",
+    "order": {"id": "A-1001", "amount": "40.00", "currency": "EUR"},
+}
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """The runs queued for a worker, in order, instead of sent to the broker."""
+    runs: list[str] = []
+    monkeypatch.setattr(dispatch, "run_dispatch", lambda run_id: runs.append(run_id))
+    return runs
+
+
+def _stored_fingerprint(thread_pk: int) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {head_fingerprint_sql('%s')}", [thread_pk])
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def compared(monkeypatch):
+    """Every state the worker builds from its saver's copy, compared with the
+    database's as read at that moment: the whole snapshot (values, next
+    nodes, tasks with their interrupts, metadata, configs, time), and the
+    copy's fingerprint with the one the finish's statement computes."""
+    seen: list[dict] = []
+    read_state = execution._read_state
+
+    def checked(outcome, graph, thread):
+        state = read_state(outcome, graph, thread)
+        database = graph.get_state(thread_config(thread))
+        seen.append(
+            {
+                "outcome": outcome,
+                "copy": outcome.head is not None,
+                # Recorded, not asserted here: the worker would take an
+                # assertion for the agent's failure.
+                "same": state == database
+                and outcome.head in (None, _stored_fingerprint(thread.pk)),
+            }
+        )
+        return state
+
+    monkeypatch.setattr(execution, "_read_state", checked)
+    return seen
+
+
+def _thread(client, agent: str, thread_id: str = "t-1") -> Thread:
+    client.post(
+        "/api/v1/threads", {"thread_id": thread_id, "agent": agent}, format="json"
+    )
+    return Thread.objects.get(thread_id=thread_id)
+
+
+def _decide(client, dispatched, thread_id: str = "t-1") -> None:
+    approval_id = client.get(f"/api/v1/threads/{thread_id}").json()[
+        "pending_approvals"
+    ][0]
+    response = client.post(
+        f"/api/v1/approvals/{approval_id}/decision",
+        {"approved": True, "reviewer": "rita"},
+        format="json",
+    )
+    assert response.status_code == 200, response.json()
+    execution.execute(dispatched.pop())
+
+
+def _status(thread_id: str = "t-1") -> str:
+    return Run.objects.filter(thread__thread_id=thread_id).latest("created_at").status
+
+
+def test_the_refund_flows_states_are_the_databases(dispatched, compared):
+    _, client = tenant_with_client()
+    _thread(client, "refund")
+    client.post("/api/v1/threads/t-1/runs", {"input": REFUND_INPUT}, format="json")
+    execution.execute(dispatched.pop())
+    assert _status() == "interrupted"
+    _decide(client, dispatched)  # through the ledger: a payment, an email
+    assert _status() == "succeeded"
+    # Both executions took the copy, and each matched the database's read.
+    assert [(entry["copy"], entry["same"]) for entry in compared] == [(True, True)] * 2
+
+
+def test_parallel_interrupts_and_a_partial_resume_are_the_databases(
+    dispatched, compared
+):
+    _, client = tenant_with_client()
+    _thread(client, "duo")
+    client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    assert len(compared[-1]["outcome"].interrupts) == 2
+    _decide(client, dispatched)  # one branch goes on, the other still waits
+    assert len(compared[-1]["outcome"].interrupts) == 1
+    _decide(client, dispatched)
+    assert _status() == "succeeded"
+    assert [(entry["copy"], entry["same"]) for entry in compared] == [(True, True)] * 3
+
+
+def test_two_interrupts_of_one_node_and_an_input_interrupt_are_the_databases(
+    dispatched, compared
+):
+    _, client = tenant_with_client()
+    _thread(client, "twice")
+    client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    _decide(client, dispatched)
+    assert _status() == "interrupted"  # at the node's second gate
+    _decide(client, dispatched)
+    assert _status() == "succeeded"
+    _thread(client, "chat", "t-2")
+    client.post("/api/v1/threads/t-2/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    assert _status("t-2") == "interrupted"
+    response = client.post(
+        "/api/v1/threads/t-2/resume", {"resume": "Ada"}, format="json"
+    )
+    assert response.status_code == 202, response.json()
+    execution.execute(dispatched.pop())
+    assert _status("t-2") == "succeeded"
+    assert [(entry["copy"], entry["same"]) for entry in compared] == [(True, True)] * 5
+
+
+def test_a_failed_run_records_the_databases_state(dispatched, compared):
+    _, client = tenant_with_client()
+    thread = _thread(client, "flaky")
+    client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    provider_marker(thread.pk).unlink(missing_ok=True)
+    _decide(client, dispatched)  # the provider is down: the run fails
+    assert _status() == "failed"
+    # The failure's state is the database's (_final_values), never the copy.
+    assert [(entry["copy"], entry["same"]) for entry in compared] == [(True, True)]
+
+
+def test_a_foreign_write_to_the_head_before_the_finish_records_the_databases(
+    dispatched, compared, monkeypatch
+):
+    """Another writer adds a write to the head after the run's graph ended
+    (as nothing may while the run is running; a bug or an operator's hand):
+    the finish's fingerprint differs, and the outcome is the database's,
+    which applies the write to the values."""
+    _, client = tenant_with_client()
+    thread = _thread(client, "gate")
+    read_state = execution._read_state
+    copies: list = []
+
+    def then_written(outcome, graph, thread):
+        state = read_state(outcome, graph, thread)
+        copies.append((outcome.head, list(outcome.values.get("answers", []))))
+        other = compile_for(Thread.objects.get(pk=thread.pk))  # its own saver
+        other.checkpointer.put_writes(
+            state.config, [("answers", [{"foreign": True}])], NULL_TASK_ID
+        )
+        return state
+
+    monkeypatch.setattr(execution, "_read_state", then_written)
+    client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    (head, answers), outcome = copies[0], compared[0]["outcome"]
+    thread.refresh_from_db()
+    assert head is not None and {"foreign": True} not in answers
+    assert compared[0]["same"]  # until the foreign write
+    # Read again from the database: the foreign write is in the values.
+    assert outcome.head is None
+    database = compile_for(thread).get_state(thread_config(thread))
+    assert outcome.values == database.values
+    assert {"foreign": True} in outcome.values["answers"]
+    assert _status() == "interrupted"
+
+
+def test_a_foreign_checkpoint_before_the_finish_records_the_databases(
+    dispatched, compared, monkeypatch
+):
+    """A state update by another saver after the run's graph ended: a new
+    head. The run is recorded with the database's state, past the gate."""
+    _, client = tenant_with_client()
+    _thread(client, "gate")
+    read_state = execution._read_state
+
+    def then_updated(outcome, graph, thread):
+        state = read_state(outcome, graph, thread)
+        other = compile_for(Thread.objects.get(pk=thread.pk))
+        other.update_state(thread_config(thread), {"answers": []}, as_node="ask")
+        return state
+
+    monkeypatch.setattr(execution, "_read_state", then_updated)
+    client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    outcome = compared[0]["outcome"]
+    assert compared[0]["copy"] and compared[0]["same"]  # until the update
+    assert outcome.head is None and outcome.interrupts == []
+    assert _status() == "succeeded"  # what the database's head says
+
+
+def test_a_run_that_lost_its_lease_records_nothing_with_the_copy(
+    dispatched, compared, monkeypatch
+):
+    """The late-write rule holds with the copy: the finish checks the lease
+    before anything, and a run taken over is not recorded."""
+    _, client = tenant_with_client()
+    _thread(client, "gate")
+    read_state = execution._read_state
+
+    def then_taken(outcome, graph, thread):
+        state = read_state(outcome, graph, thread)
+        Run.objects.filter(thread_id=thread.pk).update(lease_owner="other:1:x")
+        return state
+
+    monkeypatch.setattr(execution, "_read_state", then_taken)
+    client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    run = Run.objects.get()
+    assert run.status == "running" and run.lease_owner == "other:1:x"
+    assert compared[0]["copy"] and compared[0]["same"]
+
+
+def test_the_copy_answers_only_its_threads_latest_checkpoint(dispatched):
+    """The saver that answers the copy reads any other checkpoint."""
+    _, client = tenant_with_client()
+    thread = _thread(client, "gate")
+    client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    thread.refresh_from_db()
+    graph = compile_for(thread)
+    latest = graph.get_state(thread_config(thread))
+    saver = graph.checkpointer.answering(
+        graph.checkpointer.get_tuple(thread_config(thread))._replace(metadata={})
+    )
+    config = thread_config(thread)
+    config["configurable"][CONFIG_KEY_CHECKPOINTER] = saver
+    assert graph.get_state(config).metadata == {}
+    earlier = latest.parent_config["configurable"]["checkpoint_id"]
+    config = thread_config(thread, earlier)
+    config["configurable"][CONFIG_KEY_CHECKPOINTER] = saver
+    assert (
+        graph.get_state(config).metadata
+        == graph.get_state(thread_config(thread, earlier)).metadata
+    )
+    assert graph.get_state(config).metadata
