@@ -481,7 +481,22 @@ async def until_stopped(
         yield None
 
 
-async def stopped(run_id, *, within: float, idle: float = 5.0) -> dict | None:
+def known_start(run: Run) -> EventId | None:
+    """Where a reader of `run` as it was read starts, if the row says it
+    without a look at the log's tail (`live_start`, a round trip): the log's
+    start for a run read as queued and never claimed, which had published
+    nothing then (its first event, the metadata of its first claim, comes
+    once the claim has committed; a cancel's end once the run is no longer
+    queued; no run is ever queued again), so that all of its log comes
+    from then on. None otherwise."""
+    if run.status == Run.Status.QUEUED and run.attempts == 0:
+        return START
+    return None
+
+
+async def stopped(
+    run_id, *, within: float, idle: float = 5.0, after: EventId | None = None
+) -> dict | None:
     """Return once the run has stopped or `within` seconds from now, whichever
     comes first, in the web process's event loop (the request's thread stays
     reserved, idle), holding no database connection meanwhile: its caller
@@ -490,11 +505,13 @@ async def stopped(run_id, *, within: float, idle: float = 5.0) -> dict | None:
     reads the events' names, not their content: the caller reads the run
     from the database then, unless its `end` carried the run's columns
     (`ended_columns`), returned then. A log that cannot be read (Redis down)
-    ends the wait at once."""
+    ends the wait at once. It reads the log after `after` (`known_start`),
+    or, without it, from the log's tail (`live_start`)."""
     until = asyncio.get_running_loop().time() + within
     last = None
     try:
-        after = await live_start(run_id)
+        if after is None:
+            after = await live_start(run_id)
         async for item in until_stopped(
             run_id=run_id, cipher=None, after=after, idle=idle, until=until
         ):

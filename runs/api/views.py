@@ -285,7 +285,9 @@ async def _once_stopped(request, run: Run, seconds: float, reveal: bool):
     nothing but the row's own fields, so no query, where rendering it on
     every wait cost ~0.2 ms."""
     try:
-        ended = await streaming.stopped(run.pk, within=seconds)
+        ended = await streaming.stopped(
+            run.pk, within=seconds, after=streaming.known_start(run)
+        )
         if ended is not None:
             # Error-free: revealing shows nothing more and audits nothing.
             body = SafeJSONRenderer().render(

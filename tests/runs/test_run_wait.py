@@ -300,6 +300,39 @@ def test_stopped_returns_on_a_run_stopped_without_its_end(published):
     assert timed_stop(run, 10) < 5
 
 
+def test_a_run_read_queued_and_never_claimed_is_read_from_the_logs_start(
+    queued_run,
+):
+    """Its log held nothing when it was read so (runs.streaming.known_start):
+    no look at the tail is needed; any other run's start is the tail's."""
+    run = Run.objects.get(pk=queued_run[1])
+    assert streaming.known_start(run) == streaming.START
+    run.attempts = 1  # claimed once, then queued again: never done, but not assumed
+    assert streaming.known_start(run) is None
+    run.attempts, run.status = 0, Run.Status.RUNNING
+    assert streaming.known_start(run) is None
+
+
+def test_stopped_from_the_logs_start_finds_an_end_published_before_it_began(
+    published,
+):
+    """A run read as queued that was claimed and ended before its wait began
+    (its metadata and end published in between): read from the log's start,
+    the end is found at once, with the columns it carried."""
+    run, publish = published
+    run.status = Run.Status.SUCCEEDED
+    run.started_at = run.ended_at = timezone.now()
+    ended = streaming.ended_columns(run)
+    publish(streaming.END, streaming.outcome(status="succeeded"), ended)
+    asked = time.monotonic()
+    returned = async_to_sync(streaming.stopped)(
+        run.pk, within=10, idle=5, after=streaming.START
+    )
+    assert time.monotonic() - asked < 3
+    if settings.GATEHOUSE_STREAM_URL != "database":
+        assert returned == json.loads(ended)
+
+
 def test_stopped_wakes_on_the_end_as_it_is_published(queued_run, settings):
     settings.GATEHOUSE_STREAM_URL = settings.CELERY_BROKER_URL
     run = Run.objects.select_related("thread").get(pk=queued_run[1])
