@@ -73,7 +73,10 @@ def run_script(source: str, keys: list[str], args: list) -> list:
     """A Lua script in the cache's Redis, on its keys (as `cache` names them),
     in one round trip."""
     backend = redis_cache()
-    keys = [backend.make_and_validate_key(key) for key in keys]
+    # make_key, not make_and_validate_key: the validation only warns about
+    # keys memcached could not store (Redis stores any), character by
+    # character, three keys a request.
+    keys = [backend.make_key(key) for key in keys]
     client = backend._cache.get_client(keys[0], write=True)
     script = _scripts.get(source)
     if script is None:
