@@ -366,6 +366,7 @@ REST_FRAMEWORK = {
     # a stored value JSON cannot hold renders as unreadable (runs.api.parsers).
     "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["runs.api.parsers.SafeJSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "runs.api.parsers.JSONContentNegotiation",
     "DEFAULT_PAGINATION_CLASS": "runs.api.pagination.CursorPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],

@@ -432,3 +432,61 @@ def test_a_refused_body_error_holds_nothing_of_the_kept_serializer():
     assert detail["agent"] == [ErrorDetail("This field is required.", "required")]
     assert detail["agent"][0].code == "required"
     assert detail["thread_id"][0].code == "max_length"
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        None,
+        "*/*",
+        "application/json",
+        "application/json; indent=4",
+        "text/html",
+        "text/html, */*;q=0.1",
+        "application/*",
+        "",
+        "application/JSON",
+        "*/*;q=0",
+    ],
+)
+@pytest.mark.parametrize("query", ["", "format=json", "format=csv", "format="])
+def test_the_api_negotiates_as_drf_does(accept, query):
+    """runs.api.parsers.JSONContentNegotiation answers its common case at
+    once: the same renderer and media type as DRF's own, or the same refusal."""
+    from django.http import Http404
+    from django.test import RequestFactory
+    from rest_framework.exceptions import NotAcceptable
+    from rest_framework.negotiation import DefaultContentNegotiation
+    from rest_framework.renderers import BrowsableAPIRenderer
+    from rest_framework.request import Request
+
+    from runs.api.parsers import JSONContentNegotiation, SafeJSONRenderer
+
+    headers = {} if accept is None else {"HTTP_ACCEPT": accept}
+    for renderers in (
+        [SafeJSONRenderer()],
+        [SafeJSONRenderer(), BrowsableAPIRenderer()],
+    ):
+        answers = []
+        for negotiation in (DefaultContentNegotiation(), JSONContentNegotiation()):
+            request = Request(
+                RequestFactory().get(f"/api/v1/agents?{query}", **headers)
+            )
+            try:
+                renderer, media_type = negotiation.select_renderer(request, renderers)
+                answers.append((type(renderer), media_type))
+            except (NotAcceptable, Http404) as refusal:
+                answers.append(type(refusal))
+        assert answers[0] == answers[1], (accept, query, answers)
+
+
+def test_the_api_answers_json_whatever_the_accept_header_asks_for_it_by():
+    _, api = tenant_with_client()
+    for accept in (None, "*/*", "application/json"):
+        headers = {} if accept is None else {"HTTP_ACCEPT": accept}
+        response = api.get("/api/v1/agents", **headers)
+        assert response.status_code == 200
+        assert response["Content-Type"] == "application/json"
+    assert_error(
+        api.get("/api/v1/agents", HTTP_ACCEPT="text/html"), 406, "not_acceptable"
+    )
