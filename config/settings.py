@@ -421,9 +421,24 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
     }
 else:
-    # A late-acked task is redelivered after this long without an ack; longer
-    # than any run's lease, so a slow run is not delivered twice while alive.
+    # A late-acked task is redelivered after this long without an ack (by a
+    # broker that emulates acks with it; not Redis's, below); longer than any
+    # run's lease, so a slow run is not delivered twice while alive.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # No ack emulation: kombu's Redis transport would note each message a
+    # worker takes in two keys (a MULTI pipeline, a round trip before the
+    # worker sees it) and remove the note on the ack (another), to redeliver
+    # the message a visibility timeout after its worker died: ~0.4 of the
+    # worker parent's ~1.4 ms of CPU a task (docs/scaling.md, "A run's task").
+    # Every task that must happen is found again from the database, sooner: a
+    # run by the recovery sweep (its lease expired, or queued with nobody on
+    # it), a webhook delivery by `webhooks.dispatch_due`, a deletion by
+    # `retention.carry_out_deletions` (tests/runs/test_worker_crash.py SIGKILLs
+    # workers holding runs). kombu still hands back, from the worker's memory,
+    # the task of a pool process that died (reject_on_worker_lost) and, at a
+    # warm shutdown (a deploy), the messages the worker held.
+    CELERY_BROKER_TRANSPORT_OPTIONS["ack_emulation"] = False
 if CELERY_BROKER_URL.startswith("redis://"):
     # kombu's, keeping the client it publishes with (runs.broker says why).
     CELERY_BROKER_TRANSPORT = "runs.broker:Transport"
