@@ -102,6 +102,10 @@ _LIST_CHUNK = 100
 # so that a task's later call finds the earlier call's row in its place and,
 # like PostgresSaver, keeps the first.
 PACKED_WRITES_IDX = 1 << 30
+# The graph's own checkpoint namespace; a subgraph's is "<node>:<task id>",
+# new at every call. Only the root's head is kept (DjangoSaver.head): a run
+# reads no other, and one kept per subgraph call would pile up for the run.
+ROOT_NS = ""
 # A checkpoint and its metadata are one ciphertext, [checkpoint, metadata], of
 # this kind, in the `checkpoint` column; `metadata` is left empty. Rows written
 # before hold them apart (kinds "checkpoint" and "metadata").
@@ -600,9 +604,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
     # (head_fingerprint_sql, in the statement that locks the run to record
     # it): nothing here can see another writer's rows.
 
-    def head(self, thread_pk: int, ns: str = "") -> tuple[CheckpointTuple, str] | None:
-        """The adopted thread's head as get_tuple would answer it, with its
-        fingerprint; None if the saver has no complete copy of it."""
+    def head(self, thread_pk: int) -> tuple[CheckpointTuple, str] | None:
+        """The adopted thread's root head as get_tuple would answer it, with
+        its fingerprint; None if the saver has no complete copy of it."""
+        ns = ROOT_NS
         with self._heads_lock:
             head = self._heads.get((thread_pk, ns))
             if head is None:
@@ -626,7 +631,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         return clone
 
     def _remember_read(self, row: _Row, blobs: dict, writes: list[tuple]) -> None:
-        if row.thread_pk not in self._remembered:
+        if row.ns != ROOT_NS or row.thread_pk not in self._remembered:
             return
         head = _Head(
             row=row,
@@ -637,7 +642,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             self._heads[(row.thread_pk, row.ns)] = head
 
     def _remember_put(self, thread_pk: int, plan: _PutPlan, sealed: _SealedPut) -> None:
-        if thread_pk not in self._remembered:
+        if plan.ns != ROOT_NS or thread_pk not in self._remembered:
             return
         key = (thread_pk, plan.ns)
         with self._heads_lock:
@@ -684,7 +689,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """`rows` each stored as given (upserted, or inserted where no row
         was), or None: what the database holds is not known."""
-        if thread_pk not in self._remembered:
+        if ns != ROOT_NS or thread_pk not in self._remembered:
             return
         key = (thread_pk, ns)
         with self._heads_lock:

@@ -851,6 +851,46 @@ def test_a_thread_adopted_empty_answers_its_first_read_without_a_query():
     }
 
 
+class _Counted(TypedDict):
+    count: int
+
+
+def _add_one(state: _Counted) -> _Counted:
+    return {"count": state["count"] + 1}
+
+
+@pytest.mark.django_db(transaction=True)  # the subgraphs write from other threads
+def test_an_adopted_thread_keeps_only_its_root_head_through_subgraph_calls():
+    # Each call of a subgraph checkpoints under a namespace of its own
+    # ("<node>:<task id>"): a head kept per namespace would pile up for the
+    # whole run, while a worker only ever reads the root's (execution).
+    tenant = make_tenant()
+    thread = Thread.objects.create_with_data_key(tenant=tenant, thread_id="a")
+    saver = DjangoSaver(tenant=tenant)
+    saver.adopt(thread, ThreadCipher.for_thread(thread), empty=True)
+    child = StateGraph(_Counted)
+    child.add_node("add", _add_one)
+    child.add_edge(START, "add")
+    sub = child.compile(checkpointer=True)  # checkpoints in the parent's saver
+    parent = StateGraph(_Counted)
+    for node in ("first", "second", "third"):
+        parent.add_node(node, sub)
+    parent.add_edge(START, "first")
+    parent.add_edge("first", "second")
+    parent.add_edge("second", "third")
+    graph = parent.compile(checkpointer=saver)
+
+    config = thread_config("a")
+    assert graph.invoke({"count": 0}, config)["count"] == 3
+    stored = {
+        ns for (ns,) in Checkpoint.objects.filter(thread=thread).values_list("checkpoint_ns")
+    }
+    assert len(stored - {""}) == 3  # the subgraphs did checkpoint, apart
+    assert {ns for (_, ns) in saver._heads} == {""}
+    head, _ = saver.head(thread.pk)
+    assert head.checkpoint == saver.get_tuple(config).checkpoint
+
+
 @pytest.mark.django_db
 def test_an_adopted_thread_deleted_after_the_claim_refuses_late_writes():
     tenant = make_tenant()
