@@ -878,7 +878,14 @@ def execute(run_id: str) -> None:
         try:
             _finish(run_id, owner, outcome, publisher)
         except HeadChanged:
-            outcome = _read_again(run, thread, owner, outcome)
+            # Held again: reading the state may fail the run, and undoing
+            # its side effects (compensation) must not outlive the lease, or
+            # the recovery sweep would start a second worker undoing them.
+            LEASES.hold(run.id, owner)
+            try:
+                outcome = _read_again(run, thread, owner, outcome)
+            finally:
+                LEASES.release(run.id)
             _finish(run_id, owner, outcome, publisher)
 
     outages.through_outages(finish, what=f"run {run_id}: recording its outcome")

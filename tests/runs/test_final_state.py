@@ -181,8 +181,21 @@ def test_a_foreign_write_to_the_head_before_the_finish_records_the_databases(
         return state
 
     monkeypatch.setattr(execution, "_read_state", then_written)
+    # The state read again under the run's lease (a failure to read it is
+    # undone by compensation, which must not outlive the lease).
+    held: list[bool] = []
+    read_again = execution._read_again
+
+    def observed(run, *args):
+        held.append(run.id in execution.LEASES._held)
+        return read_again(run, *args)
+
+    monkeypatch.setattr(execution, "_read_again", observed)
     client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
-    execution.execute(dispatched.pop())
+    run_id = dispatched.pop()
+    execution.execute(run_id)
+    assert held == [True]
+    assert all(str(held_run) != run_id for held_run in execution.LEASES._held)
     (head, answers), outcome = copies[0], compared[0]["outcome"]
     thread.refresh_from_db()
     assert head is not None and {"foreign": True} not in answers
