@@ -132,12 +132,15 @@ def _summary_page(tenant, filters, values, ordering, limit):
     return queryset.order_by(*ordering)[:limit]
 
 
-# The list's first pages by shape (the filters given, the order, the rows
-# asked for): each compiled once per process (runs.fixed_queries). Building
-# and compiling the query was a third of the request's CPU (find-approval in
-# bench/decision_probe.py). The shapes are few (the filters given of four,
-# one order, a page size of at most max_page_size + 1); past _MAX_SHAPES a
-# new shape is built by the ORM each time, as before.
+# The list's first pages of the default size by shape (the filters given, the
+# order): each compiled once per process (runs.fixed_queries). Building and
+# compiling the query was a third of the request's CPU (find-approval in
+# bench/decision_probe.py). At most 16 shapes (the filters given of four, the
+# paginator's one order), so a client cannot crowd the common pages out: a
+# page of another size (`limit`) is built by the ORM each time, as before (a
+# key with the size let 64 `limit`s fill a cap, and every later first page
+# go through the ORM for the process's life). _MAX_SHAPES only guards that
+# count.
 _FIRST_PAGES: dict[tuple, FixedQuery] = {}
 _MAX_SHAPES = 64
 
@@ -149,16 +152,22 @@ class _FirstPage:
     its SQL compiled once per shape; a page with a cursor (a filter on the
     position) is the ORM's."""
 
-    def __init__(self, tenant_pk: int, filters: dict, given: dict) -> None:
+    def __init__(
+        self, tenant_pk: int, filters: dict, given: dict, compiled_rows: int
+    ) -> None:
         self.tenant_pk = tenant_pk
+        self.compiled_rows = compiled_rows
         self.names = tuple(given)
         self.filters = tuple(filters[name] for name in self.names)
         self.values = tuple(given.values())
         self.ordering: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, tenant_pk: int, filterset: ApprovalFilter) -> _FirstPage | None:
-        """The first page of a valid filterset's filters; None where a value
+    def of(
+        cls, tenant_pk: int, filterset: ApprovalFilter, compiled_rows: int
+    ) -> _FirstPage | None:
+        """The first page of a valid filterset's filters, its query compiled
+        when it reads `compiled_rows` rows (the default page's); None where a value
         is not a plain string as the compiled query's parameter of its filter
         is (a choice filter's null value is a filter on NULL: another shape
         of query)."""
@@ -172,7 +181,7 @@ class _FirstPage:
                 filterset.filters[name], "null_value", None
             ):
                 return None
-        return cls(tenant_pk, filterset.filters, given)
+        return cls(tenant_pk, filterset.filters, given, compiled_rows)
 
     def order_by(self, *ordering: str) -> _FirstPage:
         self.ordering = ordering
@@ -181,9 +190,13 @@ class _FirstPage:
     def __getitem__(self, rows: slice) -> list[ApprovalRequest]:
         if rows.start not in (0, None) or rows.step is not None or rows.stop is None:
             raise TypeError("only a first page is read from here")
-        key = (self.names, self.ordering, rows.stop)
-        query = _FIRST_PAGES.get(key)
-        if query is None and len(_FIRST_PAGES) < _MAX_SHAPES:
+        key = (self.names, self.ordering)
+        query = None
+        if rows.stop == self.compiled_rows:
+            query = _FIRST_PAGES.get(key)
+        if query is None and rows.stop == self.compiled_rows and (
+            len(_FIRST_PAGES) < _MAX_SHAPES
+        ):
             filters, ordering, limit = self.filters, self.ordering, rows.stop
             query = _FIRST_PAGES.setdefault(
                 key,
@@ -238,7 +251,12 @@ class ApprovalListView(generics.ListAPIView):
             )
             if not filterset.is_valid():
                 raise translate_validation(filterset.errors)
-            rows = _FirstPage.of(request.principal.tenant.pk, filterset)
+            # CursorPagination reads a page and one row more, to know of a next.
+            rows = _FirstPage.of(
+                request.principal.tenant.pk,
+                filterset,
+                compiled_rows=self.paginator.page_size + 1,
+            )
         if rows is None:
             rows = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(rows)

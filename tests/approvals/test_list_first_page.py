@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from approvals.api import views
 from approvals.api.filters import ApprovalFilter
 from approvals.api.views import _summary_page
 from approvals.models import ApprovalRequest
@@ -82,6 +83,21 @@ def test_a_first_page_runs_the_orm_s_statement_and_lists_its_rows(names):
         rows = [str(request.pk) for request in expected][:limit]
         assert [row["id"] for row in listed.json()["results"]] == rows
         assert all(row["thread_id"] != "t-gone" for row in listed.json()["results"])
+
+
+def test_pages_of_other_sizes_cannot_crowd_out_the_compiled_first_page():
+    # Each `limit` was a shape of its own: 64 of them filled the cap, and
+    # every first page after went through the ORM for the process's life.
+    _, client = _tenant_with_requests()
+    views._FIRST_PAGES.clear()
+    default = views.ApprovalListView.pagination_class.page_size
+    for limit in (n for n in range(1, 80) if n != default):
+        listed = client.get(f"/api/v1/approvals?status=pending&limit={limit}")
+        assert listed.status_code == 200, listed.content
+        assert len(listed.json()["results"]) == min(limit, 3)
+    assert views._FIRST_PAGES == {}
+    assert client.get("/api/v1/approvals?status=pending").status_code == 200
+    assert list(views._FIRST_PAGES) == [(("status",), ("-created_at",))]
 
 
 def test_the_pages_after_the_first_are_read_by_the_orm_and_follow_it():
