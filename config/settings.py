@@ -437,7 +437,9 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # `retention.carry_out_deletions` (tests/runs/test_worker_crash.py SIGKILLs
     # workers holding runs). kombu still hands back, from the worker's memory,
     # the task of a pool process that died (reject_on_worker_lost) and, at a
-    # warm shutdown (a deploy), the messages the worker held.
+    # warm shutdown (a deploy), the messages the worker held. Lost with a
+    # worker killed outright: an approval e-mail it held (a retry waiting for
+    # the mail server too), as a broker outage loses one at its send.
     CELERY_BROKER_TRANSPORT_OPTIONS["ack_emulation"] = False
 if CELERY_BROKER_URL.startswith("redis://"):
     # kombu's, keeping the client it publishes with (runs.broker says why).
