@@ -494,10 +494,9 @@ GATEHOUSE_DEMO_UNDO_LATENCY = env.float("GATEHOUSE_DEMO_UNDO_LATENCY", default=0
 # "2026-12-01" writes what the releases of 1-5 December 2026 can read (zstd
 # frames with their magic number, a checkpoint's `ts` as text), for a rolling
 # upgrade from them: set it on the upgraded processes until none of the old
-# ones runs, then unset it (docs/operations.md, Upgrading); "2026-12-06"
-# writes what the releases of 6 December read (no bzip2-compressed values).
-GATEHOUSE_WRITE_FORMATS = ("2026-12-01", "2026-12-06", "2026-12-07")
-GATEHOUSE_WRITE_FORMAT = env.str("GATEHOUSE_WRITE_FORMAT", default="2026-12-07")
+# ones runs, then unset it (docs/operations.md, Upgrading).
+GATEHOUSE_WRITE_FORMATS = ("2026-12-01", "2026-12-06")
+GATEHOUSE_WRITE_FORMAT = env.str("GATEHOUSE_WRITE_FORMAT", default="2026-12-06")
 if GATEHOUSE_WRITE_FORMAT not in GATEHOUSE_WRITE_FORMATS:
     raise ImproperlyConfigured(
         f"GATEHOUSE_WRITE_FORMAT must be one of {', '.join(GATEHOUSE_WRITE_FORMATS)}"

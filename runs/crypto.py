@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import bz2
 import hashlib
 import hmac
 import os
@@ -231,13 +230,11 @@ _WRAP_AAD_PREFIX = "gatehouse-data-key"
 # not compress, so the database's own compression no longer helps.
 COMPRESS_MIN_BYTES = 256
 # Flags in the encoding byte, above the serde type code: zstd alone (values
-# over DICTIONARY_MAX_BYTES, and all values written before the dictionary),
-# zstd with FORMAT_DICTIONARY, or both: bzip2 (since 2026-12-07; before,
-# refused, as the releases before read it).
+# over DICTIONARY_MAX_BYTES, and all values written before the dictionary), or
+# zstd with FORMAT_DICTIONARY. Both set: refused.
 _ZSTD = 0x40
 _ZSTD_DICT = 0x80
 _CODEC_BITS = _ZSTD_DICT | _ZSTD
-_BZIP2 = _CODEC_BITS
 _ZSTD_LEVEL = 1
 # Values of a few KB at most (a checkpoint, a step's writes: two a step) take
 # a level that finds more in them for a few microseconds more: a chat step's
@@ -252,14 +249,6 @@ SMALL_MAX_BYTES = 1 << 12
 # snapshot does not hold its step up. zstd reads every level alike.
 _ZSTD_COMPACT_LEVEL = 15
 COMPACT_MAX_BYTES = 1 << 18
-# Such a value is also compressed with bzip2 (the standard library's; its
-# largest block, 900 KB, holds any of them whole), and the smaller of the two
-# kept. Its block sorting finds more in text than zstd's matches: 100 and 200
-# chat messages of bench/checkpoints.py 9,517 -> 6,598 and 17,733 -> 12,191
-# bytes (this repository's docs as 200 messages: 34,091 -> 30,805), for 4-8 ms
-# more CPU at the write, once per cadence, and 1-2 ms more to read it (zstd
-# 0.1-0.2 ms; reading the 200 messages back takes 2.7 ms besides).
-_BZIP2_LEVEL = 9
 # Values larger than this compress without FORMAT_DICTIONARY (flag 0x40): a
 # few hundred bytes of structure are nothing to them, and zstd with a
 # dictionary matches less well at the compact level (chat messages: 64 KB
@@ -692,25 +681,16 @@ def writes_earlier_format() -> bool:
     return settings.GATEHOUSE_WRITE_FORMAT == "2026-12-01"
 
 
-def writes_bzip2() -> bool:
-    """Whether values kept long may be written with bzip2, which the releases
-    before 7 December 2026 refuse to read (settings.GATEHOUSE_WRITE_FORMAT:
-    the ISO dates compare as text)."""
-    return settings.GATEHOUSE_WRITE_FORMAT >= "2026-12-07"
-
-
 def encode_value(
     value: Any, serializer: StrictSerializer | None = None, *, compact: bool = False
 ) -> bytes:
     """The plaintext of a value: the encoding byte (serde type code, and a flag
     for its codec), then the bytes. `compact`: a value written rarely and
-    kept long, compressed harder (up to COMPACT_MAX_BYTES), by bzip2 when
-    that is smaller."""
+    kept long, compressed harder (up to COMPACT_MAX_BYTES)."""
     encoded = (serializer or default_serializer()).dumps(value)
     if len(encoded) <= COMPRESS_MIN_BYTES:
         return encoded
-    compact = compact and len(encoded) <= COMPACT_MAX_BYTES
-    if compact:
+    if compact and len(encoded) <= COMPACT_MAX_BYTES:
         level = _ZSTD_COMPACT_LEVEL
     elif len(encoded) <= SMALL_MAX_BYTES:
         level = _ZSTD_SMALL_LEVEL
@@ -720,10 +700,6 @@ def encode_value(
     frame = _compressor(level, codec).compress(memoryview(encoded)[1:])
     # Stored without zstd's magic number: 4 bytes a value (two a chat step).
     packed = memoryview(frame)[0 if writes_earlier_format() else len(_ZSTD_MAGIC) :]
-    if compact and writes_bzip2():
-        stream = bz2.compress(memoryview(encoded)[1:], _BZIP2_LEVEL)
-        if len(stream) < len(packed):
-            codec, packed = _BZIP2, memoryview(stream)
     if len(packed) + 1 >= len(encoded):
         return encoded
     return bytes((encoded[0] | codec,)) + packed
@@ -731,17 +707,9 @@ def encode_value(
 
 def decode_value(plaintext: bytes, serializer: StrictSerializer | None = None) -> Any:
     codec = plaintext[0] & _CODEC_BITS if plaintext else 0
-    if codec == _BZIP2:
-        try:
-            body = bz2.decompress(memoryview(plaintext)[1:])
-        except (OSError, ValueError, EOFError) as exc:
-            # Authenticated, so written so: never guess at another codec.
-            raise CryptoError(
-                f"encoding byte 0x{plaintext[0]:02x} (bzip2) on a value that is "
-                f"not a bzip2 stream: {exc}"
-            ) from None
-        plaintext = bytes((plaintext[0] & ~_CODEC_BITS,)) + body
-    elif codec:
+    if codec:
+        if codec == _CODEC_BITS:
+            raise CryptoError(f"unknown encoding byte 0x{plaintext[0]:02x}")
         frame = memoryview(plaintext)[1:]
         magic = frame[: len(_ZSTD_MAGIC)] == _ZSTD_MAGIC
         body = _decompressor(codec, magic=magic).decompress(frame)

@@ -127,10 +127,9 @@ def test_values_kept_long_compress_harder_and_read_alike(monkeypatch):
     )
 
 
-def test_large_values_compress_without_the_dictionary(settings):
+def test_large_values_compress_without_the_dictionary():
     """Over DICTIONARY_MAX_BYTES zstd alone (flag 0x40) compresses better at
     the compact level; below it the dictionary does. Both read alike."""
-    settings.GATEHOUSE_WRITE_FORMAT = "2026-12-06"  # zstd only
     cipher = ThreadCipher.for_thread(make_thread())
     large, small = _chat(200), _chat(2)
     assert len(StrictSerializer().dumps(large)) > crypto.DICTIONARY_MAX_BYTES
@@ -139,45 +138,6 @@ def test_large_values_compress_without_the_dictionary(settings):
     for value in (large, small):
         sealed = cipher.encrypt_value(value, row=ROW, compact=True)
         assert cipher.decrypt_value(sealed, row=ROW) == value
-
-
-def _zstd_compact(value) -> bytes:
-    """`value` as a compact value was written before bzip2 (2026-12-06)."""
-    encoded = StrictSerializer().dumps(value)
-    codec = 0x80 if len(encoded) <= crypto.DICTIONARY_MAX_BYTES else 0x40
-    frame = crypto._compressor(crypto._ZSTD_COMPACT_LEVEL, codec).compress(encoded[1:])
-    return bytes((encoded[0] | codec,)) + frame[4:]
-
-
-def test_values_kept_long_take_bzip2_when_it_is_smaller():
-    """Text kept long (a DeltaChannel's snapshot) compresses smaller with
-    bzip2 (flag 0xC0) than zstd's compact level makes it; it reads alike, and
-    so do the zstd values written before."""
-    cipher = ThreadCipher.for_thread(make_thread())
-    for value in (_chat(100), _chat(200)):
-        sealed = cipher.encrypt_value(value, row=ROW, compact=True)
-        encoded = crypto.encode_value(value, compact=True)
-        assert encoded[0] & 0xC0 == 0xC0
-        assert len(encoded) < len(_zstd_compact(value)) * 0.9
-        assert cipher.decrypt_value(sealed, row=ROW) == value
-        assert crypto.decode_value(_zstd_compact(value)) == value
-    # Where zstd is smaller it is kept (a value of one sentence repeated).
-    repeated = {"messages": ["the same sentence, again and again. "] * 500}
-    assert crypto.encode_value(repeated, compact=True)[0] & 0xC0 == 0x80
-    # Values not kept long never take it: it reads slower (1-2 ms a snapshot).
-    assert crypto.encode_value(_chat(100))[0] & 0xC0 != 0xC0
-
-
-def test_the_write_format_of_6_december_writes_no_bzip2(settings):
-    """During a rolling upgrade from a release of 6 December 2026
-    (GATEHOUSE_WRITE_FORMAT=2026-12-06), which refuses flag 0xC0, values kept
-    long are zstd as before; those of 1-5 December read no bzip2 either."""
-    for write_format in ("2026-12-06", "2026-12-01"):
-        settings.GATEHOUSE_WRITE_FORMAT = write_format
-        for value in (_chat(100), _chat(200)):
-            encoded = crypto.encode_value(value, compact=True)
-            assert encoded[0] & 0xC0 in (0x40, 0x80)
-            assert crypto.decode_value(encoded) == value
 
 
 def test_frames_are_stored_without_the_zstd_magic():
@@ -251,13 +211,13 @@ def test_the_dictionary_shrinks_small_structured_values():
     assert crypto.decode_value(crypto.encode_value(checkpoint)) == checkpoint
 
 
-def test_a_value_not_in_the_codec_its_flag_names_is_refused():
-    """The flags name the codec; a value that is not in it raises, and is
-    never guessed at in another."""
+def test_an_unknown_compression_flag_is_refused():
+    """zstd (with or without the dictionary) is the one codec (a pinned
+    dependency); any other flag is refused, never guessed at."""
     value = {"messages": ["the same sentence, again and again. "] * 500}
     encoded = crypto.encode_value(value)
     assert encoded[0] & 0xC0 == 0x80  # zstd with the dictionary
-    with pytest.raises(crypto.CryptoError, match="not a bzip2 stream"):
+    with pytest.raises(crypto.CryptoError, match="unknown encoding byte"):
         crypto.decode_value(bytes((encoded[0] | 0x40,)) + encoded[1:])
 
 
