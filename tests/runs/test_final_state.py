@@ -10,9 +10,14 @@ The test is the worker: it executes the runs in this process
 (runs.execution.execute), as tests/runs/test_worker_statements.py does.
 """
 
+from typing import Annotated, TypedDict
+
 import pytest
 from django.db import connection
+from langgraph.channels import DeltaChannel
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 
 from runs import dispatch, execution
 from runs.checkpointer import head_fingerprint_sql
@@ -92,6 +97,43 @@ def _decide(client, dispatched, thread_id: str = "t-1") -> None:
     execution.execute(dispatched.pop())
 
 
+def _concat(state: list, writes: list) -> list:
+    return [*state, *(item for write in writes for item in write)]
+
+
+class DeltaLog(TypedDict, total=False):
+    log: Annotated[list, DeltaChannel(_concat, snapshot_frequency=3)]
+    turns: int
+
+
+def _speak(state: DeltaLog) -> DeltaLog:
+    turn = state.get("turns", 0) + 1
+    return {"log": [f"turn {turn}"], "turns": turn}
+
+
+def _ask_more(state: DeltaLog) -> DeltaLog:
+    return {"log": [interrupt({"question": "More?"})]}
+
+
+def delta_graph() -> StateGraph:
+    """Four turns on a DeltaChannel (its value rebuilt from the writes of
+    the checkpoints since its last snapshot), an input interrupt, a turn."""
+    graph = StateGraph(DeltaLog)
+    graph.add_node("speak", _speak)
+    graph.add_node("ask", _ask_more)
+    graph.add_node("last", _speak)
+    graph.add_edge(START, "speak")
+    graph.add_conditional_edges(
+        "speak", lambda s: "speak" if s["turns"] < 4 else "ask", ["speak", "ask"]
+    )
+    graph.add_edge("ask", "last")
+    graph.add_edge("last", END)
+    return graph
+
+
+delta_graph.actions = []
+
+
 def _status(thread_id: str = "t-1") -> str:
     return Run.objects.filter(thread__thread_id=thread_id).latest("created_at").status
 
@@ -145,6 +187,24 @@ def test_two_interrupts_of_one_node_and_an_input_interrupt_are_the_databases(
     execution.execute(dispatched.pop())
     assert _status("t-2") == "succeeded"
     assert [(entry["copy"], entry["same"]) for entry in compared] == [(True, True)] * 5
+
+
+def test_a_delta_channels_state_is_the_databases(dispatched, compared, settings):
+    settings.GATEHOUSE_AGENTS += ",delta@1=tests.runs.test_final_state:delta_graph"
+    _, client = tenant_with_client()
+    _thread(client, "delta")
+    client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    assert _status() == "interrupted"
+    assert compared[-1]["outcome"].values["log"] == [f"turn {n}" for n in range(1, 5)]
+    response = client.post(
+        "/api/v1/threads/t-1/resume", {"resume": "yes"}, format="json"
+    )
+    assert response.status_code == 202, response.json()
+    execution.execute(dispatched.pop())
+    assert _status() == "succeeded"
+    assert compared[-1]["outcome"].values["log"][-2:] == ["yes", "turn 5"]
+    assert [(entry["copy"], entry["same"]) for entry in compared] == [(True, True)] * 2
 
 
 def test_a_failed_run_records_the_databases_state(dispatched, compared):
