@@ -227,7 +227,10 @@ Write = tuple[str, Sequence[Any]]
 
 
 def record_with_write(
-    *writes: Write, then: Sequence[dict[str, Any]] = (), **about: Any
+    *writes: Write,
+    then: Sequence[dict[str, Any]] = (),
+    chained: bool = False,
+    **about: Any,
 ) -> tuple[AuditEvent | None, list[tuple]]:
     """Run `writes` (each SQL and its parameters: an INSERT, UPDATE or DELETE
     with a RETURNING clause) and record the event they are about (`about`:
@@ -252,6 +255,13 @@ def record_with_write(
     transaction ends, as record() does: call it last there. Otherwise (on
     SQLite, or in a transaction before this process saw the tenant's
     sequence row committed: see _SEQUENCED) the writes and then record().
+
+    `chained` (Postgres): each write after the first writes only where the
+    first did, its condition reading the first's rows (`EXISTS (SELECT 1
+    FROM w0)`), so that in autocommit too the writes are one statement, and
+    no caller's transaction is needed: the statement fails whole (nothing
+    written) if the first wrote and the event was not inserted, whatever
+    the reason (the others finding no row among them).
     """
     for sql, _ in writes:
         if "RETURNING" not in sql.upper():
@@ -265,9 +275,11 @@ def record_with_write(
     if any(other.tenant_id != event.tenant_id for other in further):
         raise ValueError("record_with_write records events of one tenant")
     autocommit = connection.get_autocommit()
+    if chained and connection.vendor != "postgresql":
+        raise ValueError("chained writes are one Postgres statement")
     if (
         connection.vendor != "postgresql"
-        or (autocommit and len(writes) > 1)
+        or (autocommit and len(writes) > 1 and not chained)
         or (not autocommit and tenant.pk not in _SEQUENCED)
     ):
         with transaction.atomic(savepoint=False):
@@ -284,7 +296,7 @@ def record_with_write(
                 _insert(recorded)
         return event, returned[0]
     sql, fields = _writes_and_insert_sequenced_statement(
-        tuple(sql for sql, _ in writes), 1 + len(further)
+        tuple(sql for sql, _ in writes), 1 + len(further), chained=chained
     )
     now = timezone.now()
     params = [
@@ -308,7 +320,7 @@ def record_with_write(
             # than write without its event.
             _sequence_row_create(tenant.pk)
             continue
-        if len(writes) > 1 and (not rows or rows[0][0] is None):
+        if len(writes) > 1 and not chained and (not rows or rows[0][0] is None):
             raise _partial_write()
         if not rows:
             return None, []
@@ -321,7 +333,15 @@ def record_with_write(
             _inserted(recorded, row[:3])
             _announce_on_commit(recorded)
         return event, [row[4:] for row in rows[:per_event]]
+    if chained:
+        raise ChainedWriteMissed("a chained write returned no row: nothing written")
     raise RuntimeError(f"no audit sequence row for tenant {tenant.pk}")
+
+
+class ChainedWriteMissed(DatabaseError):
+    """record_with_write(chained=True): the first write wrote and the event
+    was not inserted (a later write found no row); the statement failed
+    whole, nothing was written."""
 
 
 def _partial_write() -> DatabaseError:
@@ -429,7 +449,7 @@ def _insert_sequenced_statement() -> tuple[str, tuple[models.Field, ...]]:
 
 @cache
 def _writes_and_insert_sequenced_statement(
-    writes: tuple[str, ...], count: int = 1
+    writes: tuple[str, ...], count: int = 1, chained: bool = False
 ) -> tuple[str, tuple[models.Field, ...]]:
     """The writes as CTEs `w0`, `w1`...; the bump only if each returned a row
     (a write that changed nothing uses no number); then the event's columns,
@@ -438,16 +458,20 @@ def _writes_and_insert_sequenced_statement(
 
     The check is a division by zero where every write returned rows and no
     event was inserted (the tenant has no sequence row yet): the statement
-    fails whole instead of writing without its event."""
+    fails whole instead of writing without its event; `chained`
+    (record_with_write), wherever the first write returned rows and no
+    event was inserted."""
     names = [f"w{i}" for i in range(len(writes))]
     wrote = " AND ".join(f"EXISTS (SELECT 1 FROM {name})" for name in names)
+    # Where the check applies: every write wrote (chained: the first did).
+    checked = "EXISTS (SELECT 1 FROM w0)" if chained else wrote
     bump, insert, fields = _sequenced_parts(when=f" AND {wrote}", count=count)
     ctes = ", ".join(
         f"{name} AS ({write})" for name, write in zip(names, writes, strict=True)
     )
     sql = (
         f"WITH {ctes}, {bump}, e AS ({insert}) "
-        f"SELECT e.id, e.seq, e.occurred_at, 1 / (e.id IS NOT NULL OR NOT ({wrote}))::int, "
+        f"SELECT e.id, e.seq, e.occurred_at, 1 / (e.id IS NOT NULL OR NOT ({checked}))::int, "
         "w0.* FROM w0 LEFT JOIN e ON true"
     )
     if count > 1:

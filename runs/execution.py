@@ -10,6 +10,7 @@ so a repeated step does not repeat what already happened.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
@@ -30,7 +31,7 @@ from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.types import Command, StateSnapshot
 
 from audit import events
-from audit.services import Actor
+from audit.services import Actor, ChainedWriteMissed
 from runs import (
     compensation,
     dispatch,
@@ -734,18 +735,110 @@ def _end_event(run: Run, outcome: Outcome, error: BaseException | None) -> dict:
 
 
 def _finish(
-    run_id: str, owner: str, outcome: Outcome, publisher: streaming.Publisher
+    run_id: str,
+    owner: str,
+    outcome: Outcome,
+    publisher: streaming.Publisher,
+    claimed: tuple[Run, Thread] | None = None,
 ) -> None:
     """Record how the run ended, in one transaction. An interrupt a receiver
     of run_interrupted rejects rolls that transaction back whole, with
     whatever the receivers wrote (no savepoint around them: its SAVEPOINT
     and RELEASE were two round trips on every interrupted run), and the run
-    is then recorded failed with the receiver's message."""
+    is then recorded failed with the receiver's message. A success, with
+    the rows as `claimed` (the claim's), first in one statement
+    (_record_success_at_once)."""
+    if claimed is not None and _record_success_at_once(
+        *claimed, owner, outcome, publisher
+    ):
+        return
     try:
         _record_end(run_id, owner, outcome, publisher)
     except InterruptRejected as rejected:
         outcome.error = rejected
         _record_end(run_id, owner, outcome, publisher)
+
+
+def _record_success_at_once(
+    claimed_run: Run,
+    claimed_thread: Thread,
+    owner: str,
+    outcome: Outcome,
+    publisher: streaming.Publisher,
+) -> bool:
+    """Record a run that succeeded, with its event, in one statement in
+    autocommit (no BEGIN, no locking read, no COMMIT), which writes only
+    where what _record_end would check under the locks holds: the run still
+    `running` and held by this owner (the late-write rule), its thread
+    alive, locked in the statement (thread, then run: the lock order), and,
+    for a state built from the saver's copy, the thread's head still that
+    copy and its key not shredded. False, with nothing written, for anything
+    else (a failure, an interrupt, a cancellation, SQLite, a transaction
+    under way), or where a condition does not hold: _record_end decides.
+
+    The run's and the thread's rows change as _record_end changes them for
+    a success: the run's status, end and lease, the thread's status (the
+    fields it writes back as it read them, left as they are); the thread's
+    update is chained to the run's (audit.services.record_with_write), so
+    both or neither are written, with the event."""
+    if (
+        outcome.error is not None
+        or outcome.interrupts
+        or outcome.cancelled
+        or outcome.compensated is not None
+        or connection.vendor != "postgresql"
+        or not connection.get_autocommit()
+    ):
+        return False
+    # Copies: the claim's rows stay as they were if nothing is written.
+    run, thread = copy.copy(claimed_run), copy.copy(claimed_thread)
+    run.status = Run.Status.SUCCEEDED
+    run.ended_at = timezone.now()
+    run.lease_owner, run.lease_until = "", None
+    thread.status = Thread.Status.IDLE
+    alive = "deleted_at IS NULL"
+    condition = "status = %s AND lease_owner = %s AND thread_id = ({thread})"
+    params: list[Any] = [Run.Status.RUNNING, owner, thread.pk]
+    if outcome.head is not None:
+        alive += " AND wrapped_data_key IS NOT NULL"
+        condition += f" AND {_HEAD_AS_STORED} = %s"
+        params.append(outcome.head)
+    locked_thread = (
+        f"SELECT id FROM {Thread._meta.db_table} WHERE id = %s AND {alive} "
+        "FOR NO KEY UPDATE"
+    )
+    try:
+        written = thread_event(
+            thread=thread,
+            kind=events.RUN_SUCCEEDED,
+            actor=SYSTEM,
+            run=run,
+            data={},
+            saves=[
+                (run, ("status", "ended_at", "lease_owner", "lease_until")),
+                (thread, ("status", "updated_at")),
+            ],
+            where=[
+                (condition.format(thread=locked_thread), params),
+                ("EXISTS (SELECT 1 FROM w0)", ()),
+            ],
+            chained=True,
+        )
+    except ChainedWriteMissed:
+        return False  # the statement failed whole: _record_end decides
+    if not written:
+        return False
+    end = _end_event(run, outcome, None)
+    ended = streaming.ended_columns(run)
+    # As _record_end's: committed already, so at once.
+    wakeups.on_commit(lambda: publisher.publish(streaming.END, end, ended))
+    wakeups.on_commit(lambda: dispatch.thread_dispatch_next(thread))
+    return True
+
+
+# The fingerprint of the run's thread's head as stored, in a statement on
+# runs_run (see _FINISH_CHECKING_HEAD).
+_HEAD_AS_STORED = head_fingerprint_sql(f'"{Run._meta.db_table}"."thread_id"')
 
 
 def _record_end(
@@ -876,7 +969,7 @@ def execute(run_id: str) -> None:
     def finish() -> None:
         nonlocal outcome
         try:
-            _finish(run_id, owner, outcome, publisher)
+            _finish(run_id, owner, outcome, publisher, (run, thread))
         except HeadChanged:
             # Held again: reading the state may fail the run, and undoing
             # its side effects (compensation) must not outlive the lease, or

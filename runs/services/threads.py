@@ -90,6 +90,7 @@ def thread_event(
     saves: Sequence[tuple[Model, Sequence[str]]] = (),
     unless_taken: bool = False,
     where: Sequence[tuple[str, Sequence[Any]]] = (),
+    chained: bool = False,
 ) -> bool:
     """Record an event about a thread (and one of its runs) in the audit
     trail, in the caller's transaction; with `inserts`, new rows inserted
@@ -106,7 +107,9 @@ def thread_event(
     its row must meet to be saved, in the statement of the event; False,
     with nothing written, where the (first) save's row does not meet it, or
     only Model.save may save one of them (record_with_write says what
-    several writes of which only some find their row do)."""
+    several writes of which only some find their row do). `chained`, with
+    `where`: record_with_write's (each later condition reads `w0`, the first
+    save's rows): one statement, in autocommit too, all or nothing."""
     event = {
         "tenant": thread.tenant,
         "kind": kind,
@@ -128,6 +131,8 @@ def thread_event(
     ]
     if where and None in writes:
         return False
+    if chained and not where:
+        raise ValueError("chained is for saves with conditions")
     if not writes or None in writes:
         with transaction.atomic(savepoint=False):
             for row in inserts:
@@ -137,7 +142,7 @@ def thread_event(
                 save_fields(row, fields)
             record(**event)
         return True
-    recorded, _ = record_with_write(*writes, **event)
+    recorded, _ = record_with_write(*writes, chained=chained, **event)
     if recorded is None:
         if unless_taken or where:
             return False

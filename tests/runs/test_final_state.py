@@ -14,13 +14,18 @@ from typing import Annotated, TypedDict
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 from langgraph.channels import DeltaChannel
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
+from audit import events
+from audit.models import AuditEvent
+from audit.services import Actor, ChainedWriteMissed, record_with_write
 from runs import dispatch, execution
 from runs.checkpointer import head_fingerprint_sql
+from runs.fixed_queries import update_statement
 from runs.graphs import compile_for, thread_config
 from runs.models import Run, Thread
 from tests.agents import provider_marker
@@ -337,3 +342,113 @@ def test_the_copy_answers_only_its_threads_latest_checkpoint(dispatched):
         == graph.get_state(thread_config(thread, earlier)).metadata
     )
     assert graph.get_state(config).metadata
+
+
+# --- A success recorded in one statement (_record_success_at_once) -----------
+
+
+def _succeeded_events(run_id) -> int:
+    return AuditEvent.objects.filter(run_id=str(run_id), kind="run.succeeded").count()
+
+
+def test_a_success_that_lost_its_lease_writes_nothing(dispatched, monkeypatch):
+    """The one statement's lease condition: a run taken over before its
+    finish is not recorded succeeded, and no event says it was."""
+    _, client = tenant_with_client()
+    thread = _thread(client, "echo")
+    read_state = execution._read_state
+
+    def then_taken(outcome, graph, thread):
+        state = read_state(outcome, graph, thread)
+        Run.objects.filter(thread_id=thread.pk).update(lease_owner="other:1:x")
+        return state
+
+    monkeypatch.setattr(execution, "_read_state", then_taken)
+    client.post("/api/v1/threads/t-1/runs", {"input": {"text": "hi"}}, format="json")
+    execution.execute(dispatched.pop())
+    run = Run.objects.get()
+    assert run.status == "running" and run.lease_owner == "other:1:x"
+    assert _succeeded_events(run.pk) == 0
+    thread.refresh_from_db()
+    assert thread.status == "running"
+
+
+def test_a_success_whose_thread_was_deleted_writes_nothing(dispatched, monkeypatch):
+    _, client = tenant_with_client()
+    thread = _thread(client, "echo")
+    read_state = execution._read_state
+
+    def then_deleted(outcome, graph, thread):
+        state = read_state(outcome, graph, thread)
+        Thread.objects.filter(pk=thread.pk).update(deleted_at=timezone.now())
+        return state
+
+    monkeypatch.setattr(execution, "_read_state", then_deleted)
+    client.post("/api/v1/threads/t-1/runs", {"input": {"text": "hi"}}, format="json")
+    execution.execute(dispatched.pop())
+    run = Run.objects.get()
+    assert run.status == "running" and _succeeded_events(run.pk) == 0
+    assert Thread.objects.get(pk=thread.pk).status == "running"
+
+
+def test_a_success_whose_head_changed_records_the_databases_state(
+    dispatched, compared, monkeypatch
+):
+    """The one statement's head condition: a foreign write to the head
+    after the graph ended, and the success is recorded by the locked path
+    with the state read from the database (once: one event)."""
+    _, client = tenant_with_client()
+    thread = _thread(client, "echo")
+    read_state = execution._read_state
+
+    def then_written(outcome, graph, thread):
+        state = read_state(outcome, graph, thread)
+        other = compile_for(Thread.objects.get(pk=thread.pk))
+        other.checkpointer.put_writes(
+            state.config, [("echoed", "theirs")], NULL_TASK_ID
+        )
+        return state
+
+    monkeypatch.setattr(execution, "_read_state", then_written)
+    client.post("/api/v1/threads/t-1/runs", {"input": {"text": "hi"}}, format="json")
+    execution.execute(dispatched.pop())
+    run = Run.objects.get()
+    outcome = compared[0]["outcome"]
+    assert compared[0]["copy"] and compared[0]["same"]  # until the write
+    assert outcome.head is None and outcome.values["echoed"] == "theirs"
+    assert run.status == "succeeded" and _succeeded_events(run.pk) == 1
+    thread.refresh_from_db()
+    assert thread.status == "idle"
+
+
+def test_chained_writes_are_all_or_nothing_in_autocommit():
+    """record_with_write(chained=True): where the first write wrote and a
+    later one found no row, the statement fails whole: the first's row is
+    not changed and no event is recorded (in autocommit: no transaction to
+    roll back)."""
+    tenant, client = tenant_with_client()
+    thread = _thread(client, "echo")
+    before = AuditEvent.objects.count()
+    status = thread.status
+    thread.status = "error" if status != "error" else "idle"
+    first = update_statement(thread, ("status",))
+    other = Thread.objects.get(pk=thread.pk)
+    other.metadata = {"x": 1}
+    second = update_statement(
+        other, ("metadata",), where=("EXISTS (SELECT 1 FROM w0) AND false", ())
+    )
+    assert connection.get_autocommit()
+    with pytest.raises(ChainedWriteMissed):
+        record_with_write(
+            first,
+            second,
+            chained=True,
+            tenant=tenant,
+            kind=events.THREAD_CREATED,
+            actor=Actor.system("test"),
+            thread_id=thread.thread_id,
+            run_id="",
+            data={"agent": "echo"},
+        )
+    assert Thread.objects.get(pk=thread.pk).status == status
+    assert AuditEvent.objects.count() == before

@@ -97,26 +97,27 @@ def test_a_runs_bookkeeping_writes_are_each_one_statement_with_their_event(
     assert len(ledger) == 4 and set(ledger) <= set(with_event), ledger
     # The claim: a read of the run, its thread and tenant, locking nothing,
     # and the run saved in the statement of its event, which locks the
-    # thread and the run; in autocommit. The finish: the run and the thread
-    # saved in the statement of the event, after the read that locks them,
-    # in a transaction.
+    # thread and the run; in autocommit. The finish of a success: the run
+    # and the thread saved in the statement of the event, which locks the
+    # thread and checks the lease and the thread's head; in autocommit too.
     claim = _statements(sql, "WITH w0 AS (UPDATE", "runs_run")
     assert len(claim) == 2 and "FOR NO KEY UPDATE" in claim[0]
+    assert "FOR NO KEY UPDATE" in claim[1] and '"runs_thread"' in claim[1]
+    assert "lease_owner = " in claim[1] and "md5(" in claim[1]
     assert not _statements(sql, "UPDATE", "runs_run")
     assert not _statements(sql, "UPDATE", "runs_thread")
-    # The claim's read of the run (no lock), the finish's locking read of the
-    # run with its thread, and the finish's look-up of the thread's next
-    # queued run after its commit.
+    # The claim's read of the run (no lock) and the finish's look-up of the
+    # thread's next queued run after its statement; no locking read.
     run_reads = [s for s in sql if s.startswith('SELECT "runs_run"')]
-    assert len(run_reads) == 3 and "FOR " not in run_reads[0]
+    assert len(run_reads) == 2 and "FOR " not in run_reads[0]
     assert sql.index(run_reads[0]) < sql.index(claim[0])
     finish_lock = 'FOR NO KEY UPDATE OF "runs_thread", "runs_run"'
-    assert len([s for s in sql if s.endswith(finish_lock)]) == 1
+    assert not [s for s in sql if s.endswith(finish_lock)]
     assert len(with_event) == 6 and not [s for s in sql if s.startswith("SAVEPOINT")]
-    # The finish's: nothing for the claim, nor for the ledger, nor for the
-    # downstream systems' inserts (the demo's payment provider and outbox),
-    # each a statement of its own.
-    assert transactions.count == 1
+    # None: not for the claim, nor for the ledger, nor for the downstream
+    # systems' inserts (the demo's payment provider and outbox), each a
+    # statement of its own, nor for the finish.
+    assert transactions.count == 0
     assert (
         sorted(
             AuditEvent.objects.filter(
