@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any
@@ -215,7 +217,37 @@ def _announce_on_commit(event: AuditEvent) -> None:
     event._announced_with = batch
     # Every event closes its batch before it is announced: whichever
     # savepoint rolls back, the commit that announces it ends its batch first.
-    transaction.on_commit(partial(_close_and_announce, batch, event), robust=True)
+    announce = partial(_close_and_announce, batch, event)
+    held = getattr(_held, "announcements", None)
+    if held is not None and connection.get_autocommit():
+        held.append(announce)  # committed: announced when the hold ends
+        return
+    transaction.on_commit(announce, robust=True)
+
+
+_held = threading.local()
+
+
+@contextmanager
+def announcements_held() -> Iterator[None]:
+    """The announcements of the events recorded inside in autocommit, where
+    each would be made as its statement returns, made when this ends: after
+    what the caller does first with what it committed (a run's end event to
+    its waiting clients, which runs.wakeups orders first after a commit),
+    whatever it raises. Each as on_commit(robust=True) would: a receiver's
+    error is logged."""
+    previous = getattr(_held, "announcements", None)
+    held: list[Callable[[], None]] = []
+    _held.announcements = held
+    try:
+        yield
+    finally:
+        _held.announcements = previous
+        for announce in held:
+            try:
+                announce()
+            except Exception:
+                logger.exception("audit event: announcing it failed")
 
 
 def _close_and_announce(batch: _Batch, event: AuditEvent) -> None:

@@ -31,7 +31,7 @@ from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.types import Command, StateSnapshot
 
 from audit import events
-from audit.services import Actor, ChainedWriteMissed
+from audit.services import Actor, ChainedWriteMissed, announcements_held
 from runs import (
     compensation,
     dispatch,
@@ -807,33 +807,37 @@ def _record_success_at_once(
         f"SELECT id FROM {Thread._meta.db_table} WHERE id = %s AND {alive} "
         "FOR NO KEY UPDATE"
     )
+    written = False
     try:
-        written = thread_event(
-            thread=thread,
-            kind=events.RUN_SUCCEEDED,
-            actor=SYSTEM,
-            run=run,
-            data={},
-            saves=[
-                (run, ("status", "ended_at", "lease_owner", "lease_until")),
-                (thread, ("status", "updated_at")),
-            ],
-            where=[
-                (condition.format(thread=locked_thread), params),
-                ("EXISTS (SELECT 1 FROM w0)", ()),
-            ],
-            chained=True,
-        )
+        # Its event announced after the run's end is published and the
+        # thread's next run dispatched: as after _record_end's commit, the
+        # waiting clients first, the webhooks' look-ups after (runs.wakeups).
+        with announcements_held():
+            written = thread_event(
+                thread=thread,
+                kind=events.RUN_SUCCEEDED,
+                actor=SYSTEM,
+                run=run,
+                data={},
+                saves=[
+                    (run, ("status", "ended_at", "lease_owner", "lease_until")),
+                    (thread, ("status", "updated_at")),
+                ],
+                where=[
+                    (condition.format(thread=locked_thread), params),
+                    ("EXISTS (SELECT 1 FROM w0)", ()),
+                ],
+                chained=True,
+            )
+            if written:
+                end = _end_event(run, outcome, None)
+                ended = streaming.ended_columns(run)
+                # Committed already: at once.
+                wakeups.on_commit(lambda: publisher.publish(streaming.END, end, ended))
+                wakeups.on_commit(lambda: dispatch.thread_dispatch_next(thread))
     except ChainedWriteMissed:
         return False  # the statement failed whole: _record_end decides
-    if not written:
-        return False
-    end = _end_event(run, outcome, None)
-    ended = streaming.ended_columns(run)
-    # As _record_end's: committed already, so at once.
-    wakeups.on_commit(lambda: publisher.publish(streaming.END, end, ended))
-    wakeups.on_commit(lambda: dispatch.thread_dispatch_next(thread))
-    return True
+    return written
 
 
 # The fingerprint of the run's thread's head as stored, in a statement on

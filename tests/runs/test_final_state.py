@@ -23,7 +23,8 @@ from langgraph.types import interrupt
 from audit import events
 from audit.models import AuditEvent
 from audit.services import Actor, ChainedWriteMissed, record_with_write
-from runs import dispatch, execution
+from audit.signals import event_recorded
+from runs import dispatch, execution, streaming
 from runs.checkpointer import head_fingerprint_sql
 from runs.fixed_queries import update_statement
 from runs.graphs import compile_for, thread_config
@@ -452,3 +453,34 @@ def test_chained_writes_are_all_or_nothing_in_autocommit():
         )
     assert Thread.objects.get(pk=thread.pk).status == status
     assert AuditEvent.objects.count() == before
+
+
+def test_a_success_in_one_statement_publishes_its_end_before_its_event_is_announced(
+    dispatched, monkeypatch
+):
+    """As after a commit (runs.wakeups): the waiting clients first, the
+    receivers of the event (the webhooks' look-ups) after."""
+    order = []
+    publish = streaming.Publisher.publish
+
+    def published(self, name, *args, **kwargs):
+        order.append(("published", name))
+        return publish(self, name, *args, **kwargs)
+
+    def announced(sender, event, **kwargs):
+        order.append(("announced", event.kind))
+
+    monkeypatch.setattr(streaming.Publisher, "publish", published)
+    _, client = tenant_with_client()
+    _thread(client, "echo")
+    client.post("/api/v1/threads/t-1/runs", {"input": {"text": "hi"}}, format="json")
+    event_recorded.connect(announced, dispatch_uid="test-final-state")
+    try:
+        order.clear()
+        execution.execute(dispatched.pop())
+    finally:
+        event_recorded.disconnect(dispatch_uid="test-final-state")
+    assert Run.objects.get().status == "succeeded"
+    assert order.index(("published", streaming.END)) < order.index(
+        ("announced", "run.succeeded")
+    ), order
