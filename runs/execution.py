@@ -183,6 +183,21 @@ class Leases:
         with self._lock:
             self._held.pop(run_id, None)
 
+    def renew_now(self, run_id, owner: str) -> bool:
+        """Renew the run's lease at once and hold it, if it is still this
+        owner's and has not run out; False if it has (the recovery sweep
+        may have handed the run to another worker already)."""
+        now = timezone.now()
+        renewed = Run.objects.filter(
+            pk=run_id,
+            lease_owner=owner,
+            status=Run.Status.RUNNING,
+            lease_until__gt=now,
+        ).update(lease_until=now + _lease_length(), heartbeat_at=now)
+        if renewed:
+            self.hold(run_id, owner)
+        return bool(renewed)
+
     def _renew_forever(self) -> None:
         while True:
             interval = settings.GATEHOUSE_RUN_LEASE_SECONDS / 3
@@ -975,10 +990,14 @@ def execute(run_id: str) -> None:
         try:
             _finish(run_id, owner, outcome, publisher, (run, thread))
         except HeadChanged:
-            # Held again: reading the state may fail the run, and undoing
-            # its side effects (compensation) must not outlive the lease, or
-            # the recovery sweep would start a second worker undoing them.
-            LEASES.hold(run.id, owner)
+            # Renewed and held again: reading the state may fail the run, and
+            # undoing its side effects (compensation) must not outlive the
+            # lease, or the recovery sweep would start a second worker undoing
+            # them. A lease already run out (the first finish retried through
+            # an outage, say) leaves the run to the sweep, recording nothing.
+            if not LEASES.renew_now(run.id, owner):
+                logger.warning("run %s: its lease ran out before its finish", run_id)
+                return
             try:
                 outcome = _read_again(run, thread, owner, outcome)
             finally:

@@ -10,6 +10,7 @@ The test is the worker: it executes the runs in this process
 (runs.execution.execute), as tests/runs/test_worker_statements.py does.
 """
 
+from datetime import timedelta
 from typing import Annotated, TypedDict
 
 import pytest
@@ -318,6 +319,38 @@ def test_a_run_that_lost_its_lease_records_nothing_with_the_copy(
     run = Run.objects.get()
     assert run.status == "running" and run.lease_owner == "other:1:x"
     assert compared[0]["copy"] and compared[0]["same"]
+
+
+def test_a_head_changed_after_the_lease_ran_out_is_left_to_the_sweep(
+    dispatched, compared, monkeypatch
+):
+    """The state is read again (and a failure undone) only under a lease
+    renewed at once: one already run out, still in this worker's name,
+    leaves the run to the recovery sweep, recorded by nobody."""
+    _, client = tenant_with_client()
+    _thread(client, "gate")
+    read_state = execution._read_state
+
+    def then_written_late(outcome, graph, thread):
+        state = read_state(outcome, graph, thread)
+        other = compile_for(Thread.objects.get(pk=thread.pk))
+        other.checkpointer.put_writes(
+            state.config, [("answers", [{"late": True}])], NULL_TASK_ID
+        )
+        Run.objects.filter(thread_id=thread.pk).update(
+            lease_until=timezone.now() - timedelta(seconds=1)
+        )
+        return state
+
+    read_again: list = []
+    monkeypatch.setattr(execution, "_read_state", then_written_late)
+    monkeypatch.setattr(execution, "_read_again", lambda *a: read_again.append(a))
+    client.post("/api/v1/threads/t-1/runs", {"input": {}}, format="json")
+    execution.execute(dispatched.pop())
+    run = Run.objects.get()
+    assert read_again == []
+    assert run.status == "running" and run.lease_until < timezone.now()
+    assert run.id not in execution.LEASES._held
 
 
 def test_the_copy_answers_only_its_threads_latest_checkpoint(dispatched):
