@@ -198,3 +198,36 @@ class Decision(models.Model):
         if self.claimed_label:
             return f"{self.reviewer_label} (unverified label “{self.claimed_label}”)"
         return self.reviewer_label
+
+
+class ApprovalNotice(models.Model):
+    """An approval e-mail owed to one person (approvals.notifications).
+
+    Written in the transaction of the change it tells of, and deleted in the
+    transaction that sends it, the row locked (FOR UPDATE SKIP LOCKED) from
+    before the send until the delete commits: a row is a mail not yet known
+    to be sent. The task `approvals.send_notice` sends it at once; the
+    approvals sweep sends what is still here after NOTICE_GRACE (a message
+    dropped at its send, a worker killed holding it). Subject and body are
+    as rendered at the change; they never hold the customer's content.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    request = models.ForeignKey(
+        ApprovalRequest, on_delete=models.CASCADE, related_name="+"
+    )
+    recipient = models.EmailField()
+    subject = models.TextField()
+    body = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        # The sweep's walk, oldest first.
+        indexes = [
+            models.Index(fields=["created_at", "id"], name="approval_notice_owed")
+        ]
+
+    def __str__(self) -> str:
+        return f"notice {self.pk} of approval {self.request_id}"

@@ -8,22 +8,34 @@ where the read is audited. Mails leave after the transaction that caused them
 commits, through the Celery task `approvals.send_notice` (retried while the
 mail server is down), by Django's mail framework: the console backend in the
 embedded mode, SMTP as configured in production (docs/configuration.md).
+
+Each mail owed is a row (approvals.models.ApprovalNotice) written in the
+transaction of the change, so that none is lost with a message the broker
+never took or a worker killed holding it: the approvals sweep sends what the
+task has not after NOTICE_GRACE (send_owed says what is guaranteed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.mail import EmailMessage
+from django.db import transaction
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalNotice, ApprovalRequest
 from runs import dispatch
 from runs.models import Membership, Role
 
 SEND_NOTICE = "approvals.send_notice"  # approvals.tasks.send_notice
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
+# How old an unsent notice is before the sweep sends it: longer than the
+# task's own send and its retries through a short mail server outage take,
+# so that the sweep does not do the task's work in normal operation. (It
+# could not send a mail twice if it did: the row lock, send_owed.)
+NOTICE_GRACE = timedelta(minutes=15)
 
 
 @dataclass(frozen=True)
@@ -79,11 +91,58 @@ def notice(
     return Notice(subject=subject, body=body, recipients=tuple(recipients))
 
 
-def send_on_commit(item: Notice) -> None:
-    """Queue the mail for when the current transaction commits (nothing is
-    sent for a change that rolls back)."""
-    for address in item.recipients:
-        dispatch.task_send_on_commit(SEND_NOTICE, item.subject, item.body, address)
+def send_on_commit(approval: ApprovalRequest, item: Notice) -> None:
+    """Owe the mail in the current transaction and send it when that commits
+    (nothing is owed or sent for a change that rolls back)."""
+    owed = ApprovalNotice.objects.bulk_create(
+        ApprovalNotice(
+            tenant_id=approval.tenant_id,
+            request=approval,
+            recipient=address,
+            subject=item.subject,
+            body=item.body,
+        )
+        for address in item.recipients
+    )
+    for row in owed:
+        dispatch.task_send_on_commit(SEND_NOTICE, row.pk)
+
+
+def send_owed(owed) -> ApprovalNotice | None:
+    """Send the first notice of `owed` (a queryset of ApprovalNotice) that no
+    one else is sending, and delete it, in one transaction; the one sent, or
+    None if there was none free.
+
+    The row is locked (FOR UPDATE SKIP LOCKED) from before the send until
+    its delete commits, so two senders (the task and a sweep, two sweeps)
+    never both send it: the other skips it while it is locked and finds it
+    gone after. A send that fails (the mail server down or refusing) rolls
+    the transaction back and raises: the notice stays owed. The one window
+    is a sender that dies, or loses its database, after the mail server took
+    the message and before the commit: the notice stays owed and is sent
+    again, a duplicate; never none. (SQLite, the embedded mode, has no row
+    locks: there the grace alone keeps the sweep off the task's send, and
+    two sends at the same moment can both go out; docs/retention.md.)
+    """
+    with transaction.atomic():
+        row = (
+            owed.select_for_update(skip_locked=True)
+            .order_by("created_at", "pk")
+            .first()
+        )
+        if row is None:
+            return None
+        EmailMessage(
+            row.subject, row.body, settings.DEFAULT_FROM_EMAIL, [row.recipient]
+        ).send()
+        # By pk: the row is ours (locked) and already read.
+        ApprovalNotice.objects.filter(pk=row.pk).delete()
+    return row
+
+
+def owed_before(moment: datetime):
+    """Notices owed since before `moment` (the sweep's: older than the grace)."""
+    return ApprovalNotice.objects.filter(created_at__lt=moment)
 
 
 # --- the occasions ------------------------------------------------------------------
@@ -96,7 +155,7 @@ def notify_assigned(*, approval: ApprovalRequest, assignee, assigned_by: str) ->
         lines=[f"{assigned_by} assigned you an approval request to decide."],
         recipients=[assignee.email] if assignee.is_active and assignee.email else [],
     )
-    send_on_commit(item)
+    send_on_commit(approval, item)
     return item
 
 
@@ -114,7 +173,7 @@ def notify_escalated(
         ],
         recipients=addresses_of_roles(approval.tenant_id, roles),
     )
-    send_on_commit(item)
+    send_on_commit(approval, item)
     return item
 
 
@@ -130,5 +189,5 @@ def notify_expired(*, approval: ApprovalRequest) -> Notice:
             approval.tenant_id, [Role.COMPLIANCE_OFFICER.value]
         ),
     )
-    send_on_commit(item)
+    send_on_commit(approval, item)
     return item

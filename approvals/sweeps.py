@@ -1,6 +1,8 @@
 """The batch sweeps of pending approvals: what is overdue goes one hop along
 its tenant's chain (approvals.policy), what can no longer be answered is
-closed. retention's scheduled jobs run them (retention.jobs).
+closed; and the approval e-mails still owed after a grace period are sent
+(approvals.notifications.send_owed). retention's scheduled jobs run them
+(retention.jobs).
 
 Both take requests in bounded batches, locked FOR UPDATE SKIP LOCKED
 (Postgres), one transaction per batch: two sweeps at once never handle one
@@ -19,6 +21,7 @@ from typing import Any
 from django.db import transaction
 
 from approvals.models import ApprovalRequest
+from approvals.notifications import NOTICE_GRACE, owed_before, send_owed
 from approvals.policy import ApprovalPolicy, next_hop, policy_for
 from approvals.services import (
     approval_close,
@@ -138,7 +141,39 @@ def approvals_escalate(sweep: Sweep) -> SweepResult:
     pending = ApprovalRequest.objects.filter(
         status=ApprovalRequest.Status.PENDING, due_at__lte=sweep.now
     )
-    return _sweep(sweep, pending, due)
+    result = _sweep(sweep, pending, due)
+    _send_owed_notices(sweep, result)
+    return result
+
+
+def _send_owed_notices(sweep: Sweep, result: SweepResult) -> None:
+    """Send the e-mails owed for longer than NOTICE_GRACE: those whose task
+    never ran (the broker down at its send, a worker killed holding it) or
+    still fails. Each in a transaction of its own (send_owed): one sent is
+    never sent again for a later one's failure. One that fails (the mail
+    server down) is counted as an error and tried again by the next sweep."""
+    owed = owed_before(sweep.now - NOTICE_GRACE)
+    cursor = None
+    while not sweep.out_of_time():
+        found = (
+            owed.filter(after(cursor, "created_at", "pk"))
+            .order_by("created_at", "pk")
+            .values_list("created_at", "pk", "tenant_id", "request_id")
+            .first()
+        )
+        if found is None:
+            break
+        cursor = found[:2]
+        pk, tenant_id, request_id = found[1:]
+        if sweep.dry_run:
+            result.plan.append(f"send notice {pk} of approval {request_id}")
+            result.add(tenant_id, "notices_sent")
+            continue
+        with isolated(result, tenant_id, f"notice {pk} of approval {request_id}"):
+            # None: sent or being sent by its task meanwhile.
+            if send_owed(owed.filter(pk=pk)) is not None:
+                result.add(tenant_id, "notices_sent")
+                sweep.tick(1)
 
 
 def approvals_close_orphaned(sweep: Sweep) -> SweepResult:

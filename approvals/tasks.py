@@ -8,6 +8,9 @@ from celery import shared_task
 from django.conf import settings
 from django.core.mail import EmailMessage
 
+from approvals.models import ApprovalNotice
+from approvals.notifications import send_owed
+
 
 @shared_task(
     name="approvals.send_notice",
@@ -17,7 +20,15 @@ from django.core.mail import EmailMessage
     retry_backoff_max=1800,
     max_retries=8,
 )
-def send_notice(subject: str, body: str, recipient: str) -> None:
+def send_notice(*args) -> None:
     """One message to one person (nobody sees who else was told, and a retry
-    while the mail server is down repeats no one else's)."""
-    EmailMessage(subject, body, settings.DEFAULT_FROM_EMAIL, [recipient]).send()
+    while the mail server is down repeats no one else's): the notice owed by
+    that id, unless it is sent already or being sent (by a sweep)."""
+    if len(args) == 3:
+        # (subject, body, recipient): queued by a release that owed nothing
+        # in the database, before the upgrade.
+        subject, body, recipient = args
+        EmailMessage(subject, body, settings.DEFAULT_FROM_EMAIL, [recipient]).send()
+        return
+    (notice_id,) = args
+    send_owed(ApprovalNotice.objects.filter(pk=notice_id))

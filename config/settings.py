@@ -435,11 +435,11 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # run by the recovery sweep (its lease expired, or queued with nobody on
     # it), a webhook delivery by `webhooks.dispatch_due`, a deletion by
     # `retention.carry_out_deletions` (tests/runs/test_worker_crash.py SIGKILLs
-    # workers holding runs). kombu still hands back, from the worker's memory,
-    # the task of a pool process that died (reject_on_worker_lost) and, at a
-    # warm shutdown (a deploy), the messages the worker held. Lost with a
-    # worker killed outright: an approval e-mail it held (a retry waiting for
-    # the mail server too), as a broker outage loses one at its send.
+    # workers holding runs), an approval e-mail by the approvals sweep (owed
+    # in the database, sent after a grace; approvals.notifications.send_owed).
+    # kombu still hands back, from the worker's memory, the task of a pool
+    # process that died (reject_on_worker_lost) and, at a warm shutdown (a
+    # deploy), the messages the worker held.
     CELERY_BROKER_TRANSPORT_OPTIONS["ack_emulation"] = False
 if CELERY_BROKER_URL.startswith("redis://"):
     # kombu's, keeping the client it publishes with (runs.broker says why).

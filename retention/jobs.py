@@ -269,7 +269,8 @@ def _plan_prune(result: SweepResult, tenant: Tenant, thread_pks, keep: int) -> N
 
 
 def escalate_approvals(sweep: Sweep) -> SweepResult:
-    """Remind, escalate and finally expire unanswered approval requests."""
+    """Remind, escalate and finally expire unanswered approval requests;
+    send the approval e-mails still owed after a grace period."""
     return approvals_escalate(sweep)
 
 
@@ -485,7 +486,7 @@ JOBS: dict[str, Job] = {
             "escalate_approvals",
             escalate_approvals,
             "retention.escalate_approvals",
-            "remind, escalate and expire unanswered approvals",
+            "remind, escalate and expire unanswered approvals; send owed e-mails",
             "approvals",
         ),
         Job(

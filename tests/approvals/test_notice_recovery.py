@@ -1,0 +1,156 @@
+"""Approval e-mails are owed in the database (approvals.models.ApprovalNotice)
+and sent by their task or, once older than NOTICE_GRACE, by the approvals
+sweep: a notice whose message the broker never took is still sent, once; one
+sent is never sent again; two senders at once send one; a send the mail
+server refuses stays owed. The mail backend is Django's locmem outbox (and a
+slow or failing one of this module's); Postgres and Redis are real."""
+
+from __future__ import annotations
+
+import smtplib
+import threading
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.core import mail
+from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from approvals.models import ApprovalNotice, ApprovalRequest
+from approvals.notifications import NOTICE_GRACE, send_owed
+from approvals.tasks import send_notice
+from retention.jobs import job_run
+from runs.models import Thread
+from tests.approvals.test_notifications import desk, on_the_card
+from tests.runs.test_outages import broker_unreachable
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HERE = "tests.approvals.test_notice_recovery"
+
+
+def sweep_after(minutes: float) -> dict:
+    """The approvals sweep (beat's retention.escalate_approvals), `minutes`
+    from now."""
+    with time_machine.travel(timezone.now() + timedelta(minutes=minutes), tick=False):
+        return dict(job_run("escalate_approvals").totals)
+
+
+def assigned_while_the_broker_is_down(case: str):
+    """A request assigned to a reviewer while no message can be sent: its
+    notice is owed and its task never runs. (approval, reviewer)"""
+    approval, officer, rita = desk(case, f"cora-{case}", f"rita-{case}")
+    # Waiting on the request, as a run does (else the sweep closes it), and
+    # due in days: the sweep's only work here is the notice.
+    Thread.objects.filter(pk=approval.thread_id).update(
+        status=Thread.Status.INTERRUPTED
+    )
+    ApprovalRequest.objects.filter(pk=approval.pk).update(
+        due_at=timezone.now() + timedelta(days=2)
+    )
+    with broker_unreachable():
+        on_the_card(officer, approval, "reassign", {"assignee": rita.pk})
+    return approval, rita
+
+
+def test_a_notice_whose_task_never_ran_is_sent_by_the_sweep_exactly_once():
+    approval, rita = assigned_while_the_broker_is_down("rec-1")
+    (owed,) = ApprovalNotice.objects.all()
+    assert owed.recipient == rita.email and owed.request_id == approval.pk
+    assert not mail.outbox
+
+    # Within the grace the task may still be on its way: the sweep leaves it.
+    assert "notices_sent" not in sweep_after(NOTICE_GRACE.total_seconds() / 60 - 1)
+    assert not mail.outbox
+
+    assert sweep_after(NOTICE_GRACE.total_seconds() / 60 + 1) == {"notices_sent": 1}
+    (sent,) = mail.outbox
+    assert sent.to == [rita.email] and "Assigned to you" in sent.subject
+    assert f"/admin/approvals/approvalrequest/{approval.pk}/change/" in sent.body
+    assert not ApprovalNotice.objects.exists()
+
+    # Sent is sent: neither a later sweep nor the task's message, arriving
+    # late, sends it again.
+    assert "notices_sent" not in sweep_after(60)
+    send_notice.run(owed.pk)
+    assert len(mail.outbox) == 1
+
+
+def test_a_notice_its_task_sent_is_not_sent_again_by_the_sweep():
+    _, rita = assigned_while_the_broker_is_down("rec-2")
+    (owed,) = ApprovalNotice.objects.all()
+    send_notice.run(owed.pk)  # the task, as a worker runs it
+    assert [m.to for m in mail.outbox] == [[rita.email]]
+    assert not ApprovalNotice.objects.exists()
+
+    assert "notices_sent" not in sweep_after(NOTICE_GRACE.total_seconds() / 60 + 1)
+    assert len(mail.outbox) == 1
+
+
+class FailingBackend(LocmemBackend):
+    """A mail server that is down."""
+
+    def send_messages(self, messages):
+        raise smtplib.SMTPServerDisconnected("down")
+
+
+def test_a_notice_the_mail_server_refuses_stays_owed_until_it_is_sent():
+    _, rita = assigned_while_the_broker_is_down("rec-3")
+    (owed,) = ApprovalNotice.objects.all()
+    with override_settings(EMAIL_BACKEND=f"{HERE}.FailingBackend"):
+        with pytest.raises(smtplib.SMTPServerDisconnected):
+            send_notice.run(owed.pk)  # the task fails: Celery retries it
+        assert sweep_after(NOTICE_GRACE.total_seconds() / 60 + 1) == {"errors": 1}
+    assert ApprovalNotice.objects.filter(pk=owed.pk).exists()
+    assert not mail.outbox
+
+    assert sweep_after(NOTICE_GRACE.total_seconds() / 60 + 6) == {"notices_sent": 1}
+    assert [m.to for m in mail.outbox] == [[rita.email]]
+
+
+class HeldBackend(LocmemBackend):
+    """A mail server that takes its time: the send waits for `release`."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def send_messages(self, messages):
+        HeldBackend.entered.set()
+        assert HeldBackend.release.wait(30)
+        return super().send_messages(messages)
+
+
+def test_a_notice_being_sent_is_left_alone_by_a_sweep_at_the_same_time():
+    """The task (or another sweep) holds the notice mid-send: a sweep then
+    passes it by, and once that send commits, nothing is owed: one mail."""
+    _, rita = assigned_while_the_broker_is_down("rec-4")
+    (owed,) = ApprovalNotice.objects.all()
+    HeldBackend.entered.clear()
+    HeldBackend.release.clear()
+    sent = []
+
+    def first_sender():
+        try:
+            sent.append(send_owed(ApprovalNotice.objects.filter(pk=owed.pk)))
+        finally:
+            connection.close()
+
+    with override_settings(EMAIL_BACKEND=f"{HERE}.HeldBackend"):
+        sender = threading.Thread(target=first_sender)
+        sender.start()
+        try:
+            assert HeldBackend.entered.wait(30)
+            # The second sender: the sweep, while the first is mid-send.
+            totals = sweep_after(NOTICE_GRACE.total_seconds() / 60 + 1)
+        finally:
+            HeldBackend.release.set()
+            sender.join(30)
+    assert "notices_sent" not in totals
+    assert [row.pk for row in sent] == [owed.pk]
+    assert [m.to for m in mail.outbox] == [[rita.email]]
+    assert not ApprovalNotice.objects.exists()
+    assert "notices_sent" not in sweep_after(NOTICE_GRACE.total_seconds() / 60 + 2)
+    assert len(mail.outbox) == 1
