@@ -17,6 +17,8 @@ task has not after NOTICE_GRACE (send_owed says what is guaranteed).
 
 from __future__ import annotations
 
+import logging
+import smtplib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -29,6 +31,8 @@ from approvals.models import ApprovalNotice, ApprovalRequest
 from runs import dispatch
 from runs.models import Membership, Role
 
+logger = logging.getLogger(__name__)
+
 SEND_NOTICE = "approvals.send_notice"  # approvals.tasks.send_notice
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
 # How old an unsent notice is before the sweep sends it: longer than the
@@ -36,6 +40,11 @@ TIME_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
 # so that the sweep does not do the task's work in normal operation. (It
 # could not send a mail twice if it did: the row lock, send_owed.)
 NOTICE_GRACE = timedelta(minutes=15)
+# How long a notice the mail server keeps failing stays owed: past this the
+# sweep gives it up (deletes it, logged by ids), as Celery's retries gave up
+# before notices were owed in the database. A day: a reminder later than
+# that tells a reviewer nothing the queue does not.
+NOTICE_MAX_AGE = timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -132,12 +141,64 @@ def send_owed(owed) -> ApprovalNotice | None:
         )
         if row is None:
             return None
-        EmailMessage(
-            row.subject, row.body, settings.DEFAULT_FROM_EMAIL, [row.recipient]
-        ).send()
-        # By pk: the row is ours (locked) and already read.
-        ApprovalNotice.objects.filter(pk=row.pk).delete()
+        try:
+            EmailMessage(
+                row.subject, row.body, settings.DEFAULT_FROM_EMAIL, [row.recipient]
+            ).send()
+        except smtplib.SMTPException as error:
+            if not refused_for_good(error):
+                raise
+            # Sent again it would be refused again, at every sweep, its
+            # address kept: given up in this transaction, then said.
+            given_up = _give_up(row, f"refused by the mail server ({_code(error)})")
+        else:
+            given_up = None
+            # By pk: the row is ours (locked) and already read.
+            ApprovalNotice.objects.filter(pk=row.pk).delete()
+    if given_up is not None:
+        raise given_up
     return row
+
+
+class NoticeGivenUp(Exception):
+    """A notice deleted unsent: the mail server refused it for good, or it
+    was owed past NOTICE_MAX_AGE."""
+
+
+def _give_up(row: ApprovalNotice, why: str) -> NoticeGivenUp:
+    """Delete the (locked) notice, logged by its ids, never its address."""
+    ApprovalNotice.objects.filter(pk=row.pk).delete()
+    given_up = NoticeGivenUp(
+        f"notice {row.pk} of approval {row.request_id}: {why}; given up"
+    )
+    logger.warning("%s", given_up)
+    return given_up
+
+
+def refused_for_good(error: smtplib.SMTPException) -> bool:
+    """A refusal the mail server would repeat (a 5xx reply, or every
+    recipient refused with one); a 4xx or a lost connection is worth
+    trying again."""
+    if isinstance(error, smtplib.SMTPRecipientsRefused):
+        return all(code >= 500 for code, _ in error.recipients.values())
+    return isinstance(error, smtplib.SMTPResponseException) and error.smtp_code >= 500
+
+
+def _code(error: smtplib.SMTPException) -> str:
+    if isinstance(error, smtplib.SMTPRecipientsRefused):
+        return "recipient refused"
+    return f"SMTP {error.smtp_code}"
+
+
+def give_up_stale(owed) -> bool:
+    """Give up the first notice of `owed` that no one is sending (the
+    sweep's, for one owed past NOTICE_MAX_AGE); False if none was free."""
+    with transaction.atomic():
+        row = owed.select_for_update(skip_locked=True).first()
+        if row is None:
+            return False
+        _give_up(row, f"owed for over {NOTICE_MAX_AGE}")
+    return True
 
 
 def owed_before(moment: datetime):

@@ -21,7 +21,14 @@ from typing import Any
 from django.db import transaction
 
 from approvals.models import ApprovalRequest
-from approvals.notifications import NOTICE_GRACE, owed_before, send_owed
+from approvals.notifications import (
+    NOTICE_GRACE,
+    NOTICE_MAX_AGE,
+    NoticeGivenUp,
+    give_up_stale,
+    owed_before,
+    send_owed,
+)
 from approvals.policy import ApprovalPolicy, next_hop, policy_for
 from approvals.services import (
     approval_close,
@@ -151,7 +158,9 @@ def _send_owed_notices(sweep: Sweep, result: SweepResult) -> None:
     never ran (the broker down at its send, a worker killed holding it) or
     still fails. Each in a transaction of its own (send_owed): one sent is
     never sent again for a later one's failure. One that fails (the mail
-    server down) is counted as an error and tried again by the next sweep."""
+    server down) is counted as an error and tried again by the next sweep;
+    one the mail server refuses for good, or owed past NOTICE_MAX_AGE, is
+    given up (deleted, logged by its ids: notices_given_up)."""
     owed = owed_before(sweep.now - NOTICE_GRACE)
     cursor = None
     while not sweep.out_of_time():
@@ -165,15 +174,24 @@ def _send_owed_notices(sweep: Sweep, result: SweepResult) -> None:
             break
         cursor = found[:2]
         pk, tenant_id, request_id = found[1:]
+        stale = found[0] < sweep.now - NOTICE_MAX_AGE
         if sweep.dry_run:
-            result.plan.append(f"send notice {pk} of approval {request_id}")
-            result.add(tenant_id, "notices_sent")
+            verb = "give up" if stale else "send"
+            result.plan.append(f"{verb} notice {pk} of approval {request_id}")
+            result.add(tenant_id, "notices_given_up" if stale else "notices_sent")
             continue
         with isolated(result, tenant_id, f"notice {pk} of approval {request_id}"):
-            # None: sent or being sent by its task meanwhile.
-            if send_owed(owed.filter(pk=pk)) is not None:
-                result.add(tenant_id, "notices_sent")
-                sweep.tick(1)
+            # False or None: sent or being sent by its task meanwhile.
+            if stale:
+                if give_up_stale(owed.filter(pk=pk)):
+                    result.add(tenant_id, "notices_given_up")
+                continue
+            try:
+                if send_owed(owed.filter(pk=pk)) is not None:
+                    result.add(tenant_id, "notices_sent")
+                    sweep.tick(1)
+            except NoticeGivenUp:
+                result.add(tenant_id, "notices_given_up")
 
 
 def approvals_close_orphaned(sweep: Sweep) -> SweepResult:

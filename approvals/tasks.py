@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.mail import EmailMessage
 
 from approvals.models import ApprovalNotice
-from approvals.notifications import send_owed
+from approvals.notifications import NoticeGivenUp, send_owed
 
 
 @shared_task(
@@ -31,4 +31,7 @@ def send_notice(*args) -> None:
         EmailMessage(subject, body, settings.DEFAULT_FROM_EMAIL, [recipient]).send()
         return
     (notice_id,) = args
-    send_owed(ApprovalNotice.objects.filter(pk=notice_id))
+    try:
+        send_owed(ApprovalNotice.objects.filter(pk=notice_id))
+    except NoticeGivenUp:
+        return  # refused for good: logged, nothing to retry

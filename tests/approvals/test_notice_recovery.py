@@ -20,7 +20,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from approvals.models import ApprovalNotice, ApprovalRequest
-from approvals.notifications import NOTICE_GRACE, send_owed
+from approvals.notifications import NOTICE_GRACE, NOTICE_MAX_AGE, send_owed
 from approvals.tasks import send_notice
 from retention.jobs import job_run
 from runs.models import Thread
@@ -154,3 +154,43 @@ def test_a_notice_being_sent_is_left_alone_by_a_sweep_at_the_same_time():
     assert not ApprovalNotice.objects.exists()
     assert "notices_sent" not in sweep_after(NOTICE_GRACE.total_seconds() / 60 + 2)
     assert len(mail.outbox) == 1
+
+
+class RefusingBackend(LocmemBackend):
+    """A mail server that refuses the recipient for good (550)."""
+
+    def send_messages(self, messages):
+        raise smtplib.SMTPRecipientsRefused(
+            {m.to[0]: (550, b"5.1.1 no such user") for m in messages}
+        )
+
+
+def test_a_notice_refused_for_good_is_given_up_not_retried(caplog):
+    _, rita = assigned_while_the_broker_is_down("rec-5")
+    (owed,) = ApprovalNotice.objects.all()
+    with override_settings(EMAIL_BACKEND=f"{HERE}.RefusingBackend"):
+        send_notice.run(owed.pk)  # no exception: nothing for Celery to retry
+        assert not ApprovalNotice.objects.exists()
+        assert sweep_after(NOTICE_GRACE.total_seconds() / 60 + 1) == {}
+    assert f"notice {owed.pk} of approval {owed.request_id}" in caplog.text
+    assert rita.email not in caplog.text
+    assert not mail.outbox
+
+
+def test_a_notice_the_sweep_finds_refused_for_good_is_given_up():
+    assigned_while_the_broker_is_down("rec-6")
+    with override_settings(EMAIL_BACKEND=f"{HERE}.RefusingBackend"):
+        minutes = NOTICE_GRACE.total_seconds() / 60 + 1
+        assert sweep_after(minutes) == {"notices_given_up": 1}
+        assert sweep_after(minutes + 5) == {}
+    assert not ApprovalNotice.objects.exists() and not mail.outbox
+
+
+def test_a_notice_owed_past_its_age_is_given_up_by_the_sweep():
+    # The mail server down for over a day: the sweep stops trying.
+    assigned_while_the_broker_is_down("rec-7")
+    with override_settings(EMAIL_BACKEND=f"{HERE}.FailingBackend"):
+        assert sweep_after(60) == {"errors": 1}
+        minutes = NOTICE_MAX_AGE.total_seconds() / 60 + 1
+        assert sweep_after(minutes) == {"notices_given_up": 1}
+    assert not ApprovalNotice.objects.exists() and not mail.outbox
