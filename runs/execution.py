@@ -344,7 +344,12 @@ def _finish_query(run_id) -> QuerySet:
 _FINISH = FixedQuery(_finish_query, _SAMPLE_RUN_ID)
 # The same, with the fingerprint of the thread's head as stored (Postgres):
 # whether the saver's copy of it, which the run's outcome was built from,
-# is what the database holds.
+# is what the database holds. The checkpoint tables are read as of the
+# statement's start, not after its lock wait (READ COMMITTED re-reads only
+# the locked rows): a head written by someone holding the thread's lock
+# while the run runs would be missed, and no one writes one so (a run's
+# thread takes no other writer of checkpoints while it runs: a fork, a
+# migration, a state update are refused; _record_success_at_once likewise).
 _FINISH_CHECKING_HEAD = FixedQuery(
     lambda run_id: _finish_query(run_id).annotate(
         head=RawSQL(head_fingerprint_sql(f'"{Run._meta.db_table}"."thread_id"'), ())
@@ -866,7 +871,8 @@ def _record_end(
     run_pk = uuid.UUID(str(run_id))  # the compiled queries take a UUID
     with transaction.atomic():
         # Both rows in one round trip, each read as it is once locked,
-        # whatever committed while the statement waited for the lock.
+        # whatever committed while the statement waited for the lock (the
+        # head's fingerprint is not: see _FINISH_CHECKING_HEAD).
         finish = _FINISH if outcome.head is None else _FINISH_CHECKING_HEAD
         run = _first(finish(run_pk))
         if run is None:
