@@ -16,6 +16,13 @@ _counter = itertools.count(1)
 ALL_SCOPES = ["runs", "approvals", "audit", "time_travel"]
 
 
+# The refund agent's input in the tests that run its flow.
+REFUND_INPUT = {
+    "customer_message": "My blender arrived damaged, please refund me.",
+    "order": {"id": "A-1001", "amount": "40.00", "currency": "EUR"},
+}
+
+
 def make_tenant(slug: str | None = None) -> Tenant:
     slug = slug or f"tenant-{next(_counter)}"
     return services.tenant_create(

@@ -16,14 +16,9 @@ from django.test.utils import CaptureQueriesContext
 from audit.models import AuditEvent
 from runs import dispatch, execution
 from runs.models import Run, Thread
-from tests.factories import tenant_with_client
+from tests.factories import REFUND_INPUT, tenant_with_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REFUND_INPUT = {
-    "customer_message": "My blender arrived damaged, please refund me.",
-    "order": {"id": "A-1001", "amount": "40.00", "currency": "EUR"},
-}
 
 
 @pytest.fixture

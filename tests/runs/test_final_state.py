@@ -25,29 +25,17 @@ from audit import events
 from audit.models import AuditEvent
 from audit.services import Actor, ChainedWriteMissed, record_with_write
 from audit.signals import event_recorded
-from runs import dispatch, execution, streaming
+from runs import execution, streaming
 from runs.checkpointer import head_fingerprint_sql
 from runs.fixed_queries import update_statement
 from runs.graphs import compile_for, thread_config
 from runs.models import Run, Thread
 from tests.agents import provider_marker
-from tests.factories import tenant_with_client
+from tests.factories import REFUND_INPUT, tenant_with_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
-REFUND_INPUT = {
-    "customer_message": "My blender arrived damaged, please refund me.",
-    "order": {"id": "A-1001", "amount": "40.00", "currency": "EUR"},
-}
-
-
-@pytest.fixture
-def dispatched(monkeypatch):
-    """The runs queued for a worker, in order, instead of sent to the broker."""
-    runs: list[str] = []
-    monkeypatch.setattr(dispatch, "run_dispatch", lambda run_id: runs.append(run_id))
-    return runs
 
 
 def _stored_fingerprint(thread_pk: int) -> str | None:

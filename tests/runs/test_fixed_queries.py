@@ -23,7 +23,7 @@ from django.utils import timezone
 from audit import events
 from audit.models import AuditEvent
 from audit.services import Actor
-from runs import dispatch, execution, services, tools
+from runs import execution, services, tools
 from runs.fixed_queries import FixedQuery, insert_statement, save_fields, save_new
 from runs.models import Run, Tenant, Thread, ToolCall
 from tests.factories import make_tenant
@@ -300,15 +300,6 @@ def test_the_live_thread_and_run_lookups_keep_to_the_tenant_and_live_threads():
     Thread.objects.filter(pk=thread.pk).update(deleted_at=timezone.now())
     assert selectors.live_thread(tenant, thread.thread_id) is None
     assert selectors.live_run(tenant, thread.thread_id, run.pk) is None
-
-
-@pytest.fixture
-def dispatched(monkeypatch):
-    """The runs queued, kept from the broker (a worker another test module
-    left running would take them)."""
-    runs: list[str] = []
-    monkeypatch.setattr(dispatch, "run_dispatch", runs.append)
-    return runs
 
 
 def _queue_a_run(tenant) -> tuple[Run, list[str]]:

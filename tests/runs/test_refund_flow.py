@@ -5,15 +5,16 @@ import pytest
 from audit.models import AuditEvent
 from demo.models import DemoOutboxMessage, DemoPayment
 from runs.models import Run, ToolCall
-from tests.factories import api_client, make_api_key, make_member, tenant_with_client
+from tests.factories import (
+    REFUND_INPUT,
+    api_client,
+    make_api_key,
+    make_member,
+    tenant_with_client,
+)
 from tests.workers import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
-
-REFUND_INPUT = {
-    "customer_message": "My blender arrived damaged, please refund me.",
-    "order": {"id": "A-1001", "amount": "40.00", "currency": "EUR"},
-}
 
 
 def start_refund(client, thread_id="case-1", refund_input=REFUND_INPUT):

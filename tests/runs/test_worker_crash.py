@@ -18,15 +18,10 @@ from demo.models import DemoPayment
 from runs.dispatch import runs_recover_stalled
 from runs.models import Run, ToolCall
 from tests.durable.helpers import decide, start, wait_run
-from tests.factories import tenant_with_client
+from tests.factories import REFUND_INPUT, tenant_with_client
 from tests.workers import Worker, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
-
-REFUND_INPUT = {
-    "customer_message": "My blender arrived damaged, please refund me.",
-    "order": {"id": "A-1001", "amount": "40.00", "currency": "EUR"},
-}
 
 
 def held_by_broker() -> int:

@@ -17,27 +17,14 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
-from runs import dispatch, execution, streaming
+from runs import execution, streaming
 from runs.checkpointer import DjangoSaver
 from runs.crypto import ThreadCipher
 from runs.models import Run, Thread, ToolCall
 from runs.signals import InterruptRejected, run_interrupted
-from tests.factories import tenant_with_client
+from tests.factories import REFUND_INPUT, tenant_with_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REFUND_INPUT = {
-    "customer_message": "My blender arrived damaged, please refund me.",
-    "order": {"id": "A-1001", "amount": "40.00", "currency": "EUR"},
-}
-
-
-@pytest.fixture
-def dispatched(monkeypatch):
-    """The runs queued for a worker, in order, instead of sent to the broker."""
-    runs: list[str] = []
-    monkeypatch.setattr(dispatch, "run_dispatch", lambda run_id: runs.append(run_id))
-    return runs
 
 
 class _Transactions:
