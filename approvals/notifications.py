@@ -125,8 +125,9 @@ def send_owed(owed) -> ApprovalNotice | None:
     The row is locked (FOR UPDATE SKIP LOCKED) from before the send until
     its delete commits, so two senders (the task and a sweep, two sweeps)
     never both send it: the other skips it while it is locked and finds it
-    gone after. A send that fails (the mail server down or refusing) rolls
-    the transaction back and raises: the notice stays owed. The one window
+    gone after. A send that fails (the mail server down, or refusing for
+    now) rolls the transaction back and raises: the notice stays owed; one
+    the server refuses for good is deleted and NoticeGivenUp raised. The one window
     is a sender that dies, or loses its database, after the mail server took
     the message and before the commit: the notice stays owed and is sent
     again, a duplicate; never none. (SQLite, the embedded mode, has no row
@@ -134,19 +135,13 @@ def send_owed(owed) -> ApprovalNotice | None:
     two sends at the same moment can both go out; docs/retention.md.)
     """
     with transaction.atomic():
-        row = (
-            owed.select_for_update(skip_locked=True)
-            .order_by("created_at", "pk")
-            .first()
-        )
+        row = _first_free(owed)
         if row is None:
             return None
         try:
-            EmailMessage(
-                row.subject, row.body, settings.DEFAULT_FROM_EMAIL, [row.recipient]
-            ).send()
+            mail(row.subject, row.body, row.recipient)
         except smtplib.SMTPException as error:
-            if not refused_for_good(error):
+            if not _refused_for_good(error):
                 raise
             # Sent again it would be refused again, at every sweep, its
             # address kept: given up in this transaction, then said.
@@ -158,6 +153,17 @@ def send_owed(owed) -> ApprovalNotice | None:
     if given_up is not None:
         raise given_up
     return row
+
+
+def mail(subject: str, body: str, recipient: str) -> None:
+    """One message to one person, through Django's mail framework."""
+    EmailMessage(subject, body, settings.DEFAULT_FROM_EMAIL, [recipient]).send()
+
+
+def _first_free(owed) -> ApprovalNotice | None:
+    """The oldest notice of `owed` no one else holds, locked until the
+    caller's transaction ends (FOR UPDATE SKIP LOCKED)."""
+    return owed.select_for_update(skip_locked=True).order_by("created_at", "pk").first()
 
 
 class NoticeGivenUp(Exception):
@@ -175,7 +181,7 @@ def _give_up(row: ApprovalNotice, why: str) -> NoticeGivenUp:
     return given_up
 
 
-def refused_for_good(error: smtplib.SMTPException) -> bool:
+def _refused_for_good(error: smtplib.SMTPException) -> bool:
     """A refusal the mail server would repeat (a 5xx reply, or every
     recipient refused with one); a 4xx or a lost connection is worth
     trying again."""
@@ -194,7 +200,7 @@ def give_up_stale(owed) -> bool:
     """Give up the first notice of `owed` that no one is sending (the
     sweep's, for one owed past NOTICE_MAX_AGE); False if none was free."""
     with transaction.atomic():
-        row = owed.select_for_update(skip_locked=True).first()
+        row = _first_free(owed)
         if row is None:
             return False
         _give_up(row, f"owed for over {NOTICE_MAX_AGE}")

@@ -5,11 +5,9 @@ from __future__ import annotations
 import smtplib
 
 from celery import shared_task
-from django.conf import settings
-from django.core.mail import EmailMessage
 
 from approvals.models import ApprovalNotice
-from approvals.notifications import NoticeGivenUp, send_owed
+from approvals.notifications import NoticeGivenUp, mail, send_owed
 
 
 @shared_task(
@@ -27,8 +25,7 @@ def send_notice(*args) -> None:
     if len(args) == 3:
         # (subject, body, recipient): queued by a release that owed nothing
         # in the database, before the upgrade.
-        subject, body, recipient = args
-        EmailMessage(subject, body, settings.DEFAULT_FROM_EMAIL, [recipient]).send()
+        mail(*args)
         return
     (notice_id,) = args
     try:

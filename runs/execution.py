@@ -187,13 +187,7 @@ class Leases:
         """Renew the run's lease at once and hold it, if it is still this
         owner's and has not run out; False if it has (the recovery sweep
         may have handed the run to another worker already)."""
-        now = timezone.now()
-        renewed = Run.objects.filter(
-            pk=run_id,
-            lease_owner=owner,
-            status=Run.Status.RUNNING,
-            lease_until__gt=now,
-        ).update(lease_until=now + _lease_length(), heartbeat_at=now)
+        renewed = _extend_lease(run_id, owner, unexpired=True)
         if renewed:
             self.hold(run_id, owner)
         return bool(renewed)
@@ -227,10 +221,7 @@ class Leases:
         """Renew one lease; seconds until the next renewal, None for none."""
         try:
             thread_connections.bind()
-            now = timezone.now()
-            renewed = Run.objects.filter(
-                pk=run_id, lease_owner=owner, status=Run.Status.RUNNING
-            ).update(lease_until=now + _lease_length(), heartbeat_at=now)
+            renewed = _extend_lease(run_id, owner)
         except Exception as error:
             if not outages.is_database_outage(error):
                 # This run's lease is left to run out (as a thread of its own
@@ -248,6 +239,19 @@ class Leases:
 
 
 LEASES = Leases()
+
+
+def _extend_lease(run_id, owner: str, *, unexpired: bool = False) -> int:
+    """Extend the run's lease by a lease length where it is still `running`
+    and held by `owner` (and, `unexpired`, has not run out); the rows changed
+    (0 or 1)."""
+    now = timezone.now()
+    still_held = Run.objects.filter(
+        pk=run_id, lease_owner=owner, status=Run.Status.RUNNING
+    )
+    if unexpired:
+        still_held = still_held.filter(lease_until__gt=now)
+    return still_held.update(lease_until=now + _lease_length(), heartbeat_at=now)
 
 
 # The claim's and the finish's queries (why each is so: see _claim and
@@ -342,6 +346,9 @@ def _finish_query(run_id) -> QuerySet:
 
 
 _FINISH = FixedQuery(_finish_query, _SAMPLE_RUN_ID)
+# The fingerprint of the run's thread's head as stored, in a statement on
+# runs_run (the finish's, and the one-statement success's condition).
+_HEAD_AS_STORED = head_fingerprint_sql(f'"{Run._meta.db_table}"."thread_id"')
 # The same, with the fingerprint of the thread's head as stored (Postgres):
 # whether the saver's copy of it, which the run's outcome was built from,
 # is what the database holds. The checkpoint tables are read as of the
@@ -351,9 +358,7 @@ _FINISH = FixedQuery(_finish_query, _SAMPLE_RUN_ID)
 # thread takes no other writer of checkpoints while it runs: a fork, a
 # migration, a state update are refused; _record_success_at_once likewise).
 _FINISH_CHECKING_HEAD = FixedQuery(
-    lambda run_id: _finish_query(run_id).annotate(
-        head=RawSQL(head_fingerprint_sql(f'"{Run._meta.db_table}"."thread_id"'), ())
-    ),
+    lambda run_id: _finish_query(run_id).annotate(head=RawSQL(_HEAD_AS_STORED, ())),
     _SAMPLE_RUN_ID,
 )
 
@@ -858,11 +863,6 @@ def _record_success_at_once(
     except ChainedWriteMissed:
         return False  # the statement failed whole: _record_end decides
     return written
-
-
-# The fingerprint of the run's thread's head as stored, in a statement on
-# runs_run (see _FINISH_CHECKING_HEAD).
-_HEAD_AS_STORED = head_fingerprint_sql(f'"{Run._meta.db_table}"."thread_id"')
 
 
 def _record_end(

@@ -136,13 +136,10 @@ def _summary_page(tenant, filters, values, ordering, limit):
 # order): each compiled once per process (runs.fixed_queries). Building and
 # compiling the query was a third of the request's CPU (find-approval in
 # bench/decision_probe.py). At most 16 shapes (the filters given of four, the
-# paginator's one order), so a client cannot crowd the common pages out: a
-# page of another size (`limit`) is built by the ORM each time, as before (a
-# key with the size let 64 `limit`s fill a cap, and every later first page
-# go through the ORM for the process's life). _MAX_SHAPES only guards that
-# count.
+# paginator's one order), so a client cannot grow it: a page of another
+# size (`limit`) is built by the ORM each time, as before (a key with the
+# size let any number of `limit`s each compile and keep a query).
 _FIRST_PAGES: dict[tuple, FixedQuery] = {}
-_MAX_SHAPES = 64
 
 
 class _FirstPage:
@@ -190,13 +187,15 @@ class _FirstPage:
     def __getitem__(self, rows: slice) -> list[ApprovalRequest]:
         if rows.start not in (0, None) or rows.step is not None or rows.stop is None:
             raise TypeError("only a first page is read from here")
+        if rows.stop != self.compiled_rows:  # another page size: the ORM's
+            return list(
+                _summary_page(
+                    self.tenant_pk, self.filters, self.values, self.ordering, rows.stop
+                )
+            )
         key = (self.names, self.ordering)
-        query = None
-        if rows.stop == self.compiled_rows:
-            query = _FIRST_PAGES.get(key)
-        if query is None and rows.stop == self.compiled_rows and (
-            len(_FIRST_PAGES) < _MAX_SHAPES
-        ):
+        query = _FIRST_PAGES.get(key)
+        if query is None:
             filters, ordering, limit = self.filters, self.ordering, rows.stop
             query = _FIRST_PAGES.setdefault(
                 key,
@@ -209,12 +208,6 @@ class _FirstPage:
                     # a choice; no thread_id holds one).
                     *(f"\x00sample {name}" for name in self.names),
                 ),
-            )
-        if query is None:
-            return list(
-                _summary_page(
-                    self.tenant_pk, self.filters, self.values, self.ordering, rows.stop
-                )
             )
         return query(self.tenant_pk, *self.values)
 
