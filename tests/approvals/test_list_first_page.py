@@ -148,3 +148,13 @@ def test_an_empty_filter_is_no_filter():
         "t-3",
         "t-4",
     }
+
+
+def test_the_list_needs_the_approvals_scope_before_any_page_is_read():
+    # The scope is checked before the list's first page (compiled or not).
+    tenant, _ = _tenant_with_requests()
+    _, secret = make_api_key(tenant, ["runs"])
+    for query in ("", "?status=pending", "?status=pending&limit=2"):
+        response = api_client(secret).get(f"/api/v1/approvals{query}")
+        assert response.status_code == 403
+        assert response.json()["code"] == "permission_denied"
