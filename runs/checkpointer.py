@@ -162,6 +162,45 @@ class _Row:
         )
 
 
+def _head_as_read(
+    thread: Thread,
+    checkpoint: Sequence[Any],
+    stored_blobs: Sequence[Any] | None,
+    stored_writes: Sequence[Any] | None,
+) -> tuple[_Row, dict, list]:
+    """latest_head_sql's values as get_tuple takes its statement's row apart:
+    the checkpoint's row (with the thread's key, as read with them), its
+    blobs by key, its writes."""
+    checkpoint_id, parent, versions, body, metadata = checkpoint
+    row = _Row(
+        thread.pk,
+        str(thread.thread_id),
+        thread.wrapped_data_key,
+        thread.data_key_id,
+        ROOT_NS,
+        id_text(checkpoint_id),
+        id_text(parent),
+        json.loads(bytes(versions)),
+        body,
+        metadata,
+    )
+    blobs = {
+        (row.thread_pk, row.ns, bytes(channel).decode(), bytes(version).decode()): value
+        for channel, version, value in stored_blobs or ()
+    }
+    writes = [
+        (
+            id_text(task_id),
+            int(bytes(idx)),
+            bytes(channel).decode(),
+            bytes(path).decode(),
+            value,
+        )
+        for task_id, idx, channel, path, value in stored_writes or ()
+    ]
+    return row, blobs, writes
+
+
 class VersionSequence:
     """A saver's channel versions: PostgresSaver's zero-padded counter, which
     orders a channel's versions, then a tie-breaker.
@@ -290,26 +329,33 @@ def _put_writes_statement(write_count: int, upsert: bool) -> str:
     )
 
 
+# A checkpoint's blobs and writes as arrays, over `{checkpoint} c`: LATERAL
+# and LIMIT (a fence against flattening) look each blob up in its index,
+# never scanning all the thread's blobs.
+_BLOBS_OF_C = (
+    "(SELECT array_agg(ARRAY[convert_to(b.channel, 'UTF8'), "
+    "convert_to(b.version, 'UTF8'), b.value]) "
+    "FROM jsonb_each_text(c.blob_versions) AS used "
+    f"CROSS JOIN LATERAL (SELECT * FROM {ChannelBlob._meta.db_table} WHERE "
+    "thread_id = c.thread_id AND checkpoint_ns = c.checkpoint_ns AND channel = "
+    "used.key AND version = used.value LIMIT 1) AS b)"
+)
+_WRITES_OF_C = (
+    "(SELECT array_agg(ARRAY[w.task_id, "
+    "convert_to(w.idx::text, 'UTF8'), convert_to(w.channel, 'UTF8'), "
+    "convert_to(w.task_path, 'UTF8'), w.value]) "
+    f"FROM {PendingWrite._meta.db_table} w WHERE w.thread_id = c.thread_id "
+    "AND w.checkpoint_ns = c.checkpoint_ns "
+    "AND w.checkpoint_id = c.checkpoint_id)"
+)
+
+
 @lru_cache(maxsize=8)
 def _pg_get_tuple_statement(where: str) -> str:
     """A checkpoint with its blobs and writes as arrays, as PostgresSaver does."""
     tables = _read_tables()
     return (
-        f"SELECT {_ROW_COLUMNS}, "
-        "(SELECT array_agg(ARRAY[convert_to(b.channel, 'UTF8'), "
-        "convert_to(b.version, 'UTF8'), b.value]) "
-        # LATERAL and LIMIT (a fence against flattening): one index lookup per
-        # blob, never a scan of all the thread's blobs.
-        "FROM jsonb_each_text(c.blob_versions) AS used "
-        f"CROSS JOIN LATERAL (SELECT * FROM {tables.blob} WHERE thread_id = "
-        "c.thread_id AND checkpoint_ns = c.checkpoint_ns AND channel = used.key "
-        "AND version = used.value LIMIT 1) AS b), "
-        "(SELECT array_agg(ARRAY[w.task_id, "
-        "convert_to(w.idx::text, 'UTF8'), convert_to(w.channel, 'UTF8'), "
-        "convert_to(w.task_path, 'UTF8'), w.value]) "
-        f"FROM {tables.write} w WHERE w.thread_id = c.thread_id "
-        "AND w.checkpoint_ns = c.checkpoint_ns "
-        "AND w.checkpoint_id = c.checkpoint_id) "
+        f"SELECT {_ROW_COLUMNS}, {_BLOBS_OF_C}, {_WRITES_OF_C} "
         f"FROM {tables.checkpoint} c JOIN {tables.thread} t ON t.id = c.thread_id "
         f"WHERE {where} ORDER BY c.checkpoint_id DESC LIMIT 1"
     )
@@ -446,6 +492,30 @@ class _Head:
         return f"{len(self.blobs)}:{digest.hexdigest()}"
 
 
+def latest_head_sql(thread_pk_column: str) -> dict[str, str]:
+    """SQL for the thread's latest root checkpoint as get_tuple reads it, in
+    three scalar subqueries an outer query on another table can carry (the
+    worker's claim reads it with the run: DjangoSaver.adopt's `head`), each
+    NULL if the thread has none: `checkpoint`, a bytea[] of its id, its
+    parent's id, its blob versions (JSON text), its ciphertexts; `blobs` and
+    `writes`, the arrays get_tuple's statement reads. Postgres only.
+    `thread_pk_column`: the outer query's column holding the thread's id."""
+    tables = _read_tables()
+    latest = (
+        f"FROM {tables.checkpoint} c WHERE c.thread_id = {thread_pk_column} "
+        "AND c.checkpoint_ns = '' ORDER BY c.checkpoint_id DESC LIMIT 1"
+    )
+    return {
+        "checkpoint": (
+            "(SELECT ARRAY[c.checkpoint_id, c.parent_checkpoint_id, "
+            "convert_to(c.blob_versions::text, 'UTF8'), c.checkpoint, c.metadata] "
+            f"{latest})"
+        ),
+        "blobs": f"(SELECT {_BLOBS_OF_C} {latest})",
+        "writes": f"(SELECT {_WRITES_OF_C} {latest})",
+    }
+
+
 def head_fingerprint_sql(thread_pk_column: str) -> str:
     """SQL for the fingerprint of the thread's latest root checkpoint as
     stored (_Head.fingerprint of the same rows), or NULL if it has none:
@@ -514,6 +584,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self._delta_threads: set[int] = set()
         # The ids of the threads adopted with no checkpoint (see adopt).
         self._empty_threads: set[str] = set()
+        # thread id -> its latest root checkpoint as read with its run (adopt).
+        self._read_heads: dict[str, tuple[_Row, dict, list]] = {}
         self._versions = VersionSequence()
         self._reset_heads()
 
@@ -548,12 +620,18 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone._created_threads = set()
         clone._delta_threads = set()
         clone._empty_threads = set()
+        clone._read_heads = {}
         clone._versions = VersionSequence()  # another tenant's: its own
         clone._reset_heads()
         return clone
 
     def adopt(
-        self, thread: Thread, cipher: ThreadCipher, *, empty: bool = False
+        self,
+        thread: Thread,
+        cipher: ThreadCipher,
+        *,
+        empty: bool = False,
+        head: Sequence[Any] | None = None,
     ) -> None:
         """Write to `thread` as if this saver had written to it already.
 
@@ -570,12 +648,23 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         one already): the graph's first read of the thread's latest
         checkpoint answers None without a query (get_tuple), a round trip
         off every thread's first run.
+
+        `head`: the thread's latest root checkpoint, as the claim read it with
+        the run (latest_head_sql's three values, the first not NULL), under
+        the same rule: nothing but the run can write a checkpoint to its
+        thread meanwhile (a fork, a state update, a migration are refused
+        while it is queued). The graph's first read of the thread's latest
+        checkpoint answers it, decrypted as get_tuple decrypts its own read,
+        without a query: a round trip off every run of a thread that has a
+        checkpoint (a resume's included).
         """
         if thread.tenant_id != self.tenant.pk:
             raise ValueError("the thread belongs to another tenant")
         self._written_threads[str(thread.thread_id)] = (thread.pk, cipher)
         if empty:
             self._empty_threads.add(str(thread.thread_id))
+        if head is not None:
+            self._read_heads[str(thread.thread_id)] = _head_as_read(thread, *head)
         if thread.uses_delta_channels:
             self._delta_threads.add(thread.pk)
         if self._on_postgres:
@@ -892,6 +981,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             or any(key in stored_metadata for key in _DELTA_METADATA_KEYS),
         )
         self._empty_threads.discard(thread_id)  # see adopt
+        self._read_heads.pop(thread_id, None)
         thread_connections.bind(self.using)
         outages.through_outages(
             lambda: self._put(thread_id, plan),
@@ -1253,6 +1343,16 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             self._empty_threads.discard(thread_id)
             if not configurable.get("checkpoint_ns") and not get_checkpoint_id(config):
                 return None
+        read_head = self._read_heads.pop(thread_id, None)  # the first read only
+        if (
+            read_head is not None
+            and not configurable.get("checkpoint_ns")
+            and not get_checkpoint_id(config)
+        ):
+            row, blobs, writes = read_head
+            if self._remembered:
+                self._remember_read(row, blobs, writes)
+            return self._decrypt_tuple(row, blobs, writes)
         thread_connections.bind(self.using)
         tables = _read_tables()
         # The thread's id is resolved first, so the latest checkpoint comes from

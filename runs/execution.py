@@ -24,7 +24,15 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Exists, JSONField, OuterRef, Q, QuerySet, Subquery
+from django.db.models import (
+    Exists,
+    Field,
+    JSONField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
@@ -44,7 +52,7 @@ from runs import (
     thread_connections,
     wakeups,
 )
-from runs.checkpointer import DjangoSaver, head_fingerprint_sql
+from runs.checkpointer import DjangoSaver, head_fingerprint_sql, latest_head_sql
 from runs.context import RunContext
 from runs.crypto import ThreadCipher
 from runs.errors import VersionSkew
@@ -318,11 +326,20 @@ _CLAIM_RUN = FixedQuery(
     ),
     _SAMPLE_RUN_ID,
 )
-# The claim's first read, which locks nothing (see _claim_at_once).
+# The claim's first read, which locks nothing (see _claim_at_once), with
+# the thread's latest root checkpoint (`head_*`: see _head_read_with).
 _PEEK_RUN = FixedQuery(
     lambda run_id: (
         Run.objects.select_related("thread__tenant")
-        .annotate(**_claim_annotations())
+        .annotate(
+            **_claim_annotations(),
+            **{
+                f"head_{part}": RawSQL(sql, (), output_field=Field())
+                for part, sql in latest_head_sql(
+                    f'"{Run._meta.db_table}"."thread_id"'
+                ).items()
+            },
+        )
         .filter(pk=run_id)
         .order_by()
     ),
@@ -579,6 +596,23 @@ def _graph_input(
     return cipher.decrypt_value(run.input, row=("run-input", str(run.id))), config
 
 
+def _head_read_with(run: Run) -> tuple | None:
+    """The thread's latest root checkpoint as the claim's first read found it
+    with the run (_PEEK_RUN), or None (none, or read by another query).
+
+    Read before the claim's statement took the run, and still the latest:
+    that statement took it only if it was queued, never tried, with no run
+    of its thread ahead of it or running, its thread alive and running, all
+    as of the read (the claim's conditions); so no run wrote to the thread
+    since, and none but this one will until it ends, and the others that
+    write checkpoints (a fork, a state update, a migration) are refused while
+    a run of the thread is queued or running."""
+    checkpoint = getattr(run, "head_checkpoint", None)
+    if checkpoint is None:
+        return None
+    return checkpoint, run.head_blobs, run.head_writes
+
+
 def _stream_name(mode: str, namespace: tuple[str, ...]) -> str:
     """LangGraph API's event name: the mode, and a subgraph's namespace."""
     return "|".join((mode, *namespace))
@@ -605,13 +639,13 @@ def _invoke(
     cipher = ThreadCipher.for_thread(thread)
     # The claim read the thread alive, locked: no look-up before the first write;
     # and, for the first attempt of a run from the thread's latest state, whether
-    # there is a state to load (none: the thread's first run).
+    # there is a state to load (none: the thread's first run), and which.
+    from_latest = untried and not run.checkpoint_id
     graph.checkpointer.adopt(
         thread,
         cipher,
-        empty=untried
-        and not run.checkpoint_id
-        and getattr(run, "checkpointed", None) is False,
+        empty=from_latest and getattr(run, "checkpointed", None) is False,
+        head=_head_read_with(run) if from_latest else None,
     )
     graph_input, config = _graph_input(run, thread, cipher, untried=untried)
     context = RunContext(

@@ -10,6 +10,7 @@ everything)."""
 
 import threading
 import time
+import uuid
 
 import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
@@ -18,8 +19,9 @@ from django.test.utils import CaptureQueriesContext
 from approvals.models import ApprovalRequest
 from audit.models import AuditEvent
 from runs import execution, streaming
-from runs.checkpointer import DjangoSaver
+from runs.checkpointer import DjangoSaver, head_fingerprint_sql
 from runs.crypto import ThreadCipher
+from runs.graphs import thread_config
 from runs.models import Run, Thread, ToolCall
 from runs.signals import InterruptRejected, run_interrupted
 from tests.factories import REFUND_INPUT, tenant_with_client
@@ -145,9 +147,10 @@ def test_a_gates_request_is_inserted_in_the_statement_of_its_event(dispatched):
 def test_a_threads_first_run_looks_for_no_checkpoint_to_start_from(
     dispatched, monkeypatch
 ):
-    """The claim reads whether the thread has a checkpoint: on its first run
-    the graph starts from none without asking, on a later run it loads the
-    thread's latest. Neither reads its state back once the graph stopped
+    """The claim reads whether the thread has a checkpoint, and its latest,
+    with the run: on its first run the graph starts from none without
+    asking, on a later run (the resume) from the one the claim read, without
+    asking either. Neither reads its state back once the graph stopped
     (built from the saver's copy: tests/runs/test_final_state.py)."""
     reads: list[str] = []
     query = DjangoSaver._query
@@ -174,9 +177,54 @@ def test_a_threads_first_run_looks_for_no_checkpoint_to_start_from(
     )
     reads.clear()  # the decision's gate check reads the state too
     execution.execute(dispatched.pop())
-    # The resume: the interrupted checkpoint loaded, and nothing else.
-    assert len(reads) == 1
+    # The resume: the interrupted checkpoint read by the claim, nothing after.
+    assert reads == []
     assert Run.objects.filter(status=Run.Status.SUCCEEDED).count() == 1
+
+
+def test_the_claim_reads_the_threads_head_as_the_saver_would(dispatched, monkeypatch):
+    """The checkpoint the claim's first read finds with the run is the one
+    the saver's get_tuple reads, its blobs and writes (the interrupt's)
+    included; a saver that adopts the thread with it answers the graph's
+    first read from it without a query, keeps it as its head (the finish's
+    fingerprint is the database's), and queries for any later read."""
+    tenant, client = tenant_with_client()
+    client.post(
+        "/api/v1/threads", {"thread_id": "t-1", "agent": "refund"}, format="json"
+    )
+    client.post("/api/v1/threads/t-1/runs", {"input": REFUND_INPUT}, format="json")
+    execution.execute(dispatched.pop())
+    approval_id = client.get("/api/v1/threads/t-1").json()["pending_approvals"][0]
+    client.post(
+        f"/api/v1/approvals/{approval_id}/decision",
+        {"approved": True, "reviewer": "rita"},
+        format="json",
+    )
+    (run,) = execution._PEEK_RUN(uuid.UUID(str(dispatched.pop())))
+    thread = run.thread
+    head = execution._head_read_with(run)
+    assert head is not None and head[1] and head[2]  # blobs and writes too
+    reads: list[str] = []
+    query = DjangoSaver._query
+
+    def counted(self, statements):
+        reads.extend(sql for sql, _ in statements)
+        return query(self, statements)
+
+    monkeypatch.setattr(DjangoSaver, "_query", counted)
+    saver = DjangoSaver(tenant=tenant)
+    saver.adopt(thread, ThreadCipher.for_thread(thread), head=head)
+    answered = saver.get_tuple(thread_config(thread))
+    assert reads == []
+    assert answered == DjangoSaver(tenant=tenant).get_tuple(thread_config(thread))
+    assert answered.pending_writes
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {head_fingerprint_sql('%s')}", [thread.pk])
+        (stored,) = cursor.fetchone()
+    assert saver.head(thread.pk)[1] == stored
+    reads.clear()
+    assert saver.get_tuple(thread_config(thread)) == answered
+    assert len(reads) == 1  # only the first read is answered
 
 
 def test_a_rejected_interrupt_rolls_back_what_the_receivers_wrote(dispatched):
