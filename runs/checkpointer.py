@@ -26,6 +26,10 @@ even when the id has meanwhile been given to a new thread.
 Each write takes `FOR KEY SHARE` on its thread's row (Postgres) and checks it
 is alive in the same transaction; shredding, deleting and pruning take
 `FOR UPDATE`, so they wait for writes in flight and later writes wait for them.
+A worker's writes for a run (`adopt(..., lease=...)`) also check, in the same
+statement, that the run is still its own (`Run.held`), with the run's row
+`FOR SHARE`: once another worker took the run over, they raise `LeaseLost`
+with nothing written.
 
 On Postgres the hot paths are single prepared statements, as PostgresSaver's
 are: a `put` or `put_writes` to a thread this saver already wrote to is one
@@ -80,7 +84,16 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from runs import crypto, outages, storage, thread_connections
 from runs.checkpoint_ts import read_ts, stored_ts
 from runs.crypto import ThreadCipher, ThreadDeleted, writes_earlier_format
-from runs.models import ChannelBlob, Checkpoint, PendingWrite, Tenant, Thread
+from runs.models import (
+    LEASE_HELD_SQL,
+    ChannelBlob,
+    Checkpoint,
+    LeaseLost,
+    PendingWrite,
+    Run,
+    Tenant,
+    Thread,
+)
 from runs.models.checkpoints import compact_id, id_text
 from runs.serde import StrictSerializer
 
@@ -275,11 +288,29 @@ _ALIVE_THREAD = (
     "WITH t AS (SELECT id FROM {thread} WHERE id = %s AND deleted_at IS NULL "
     "AND wrapped_data_key IS NOT NULL FOR KEY SHARE)"
 )
+# The same for a write made for a worker's run (DjangoSaver.adopt's `lease`):
+# the thread alive and the run still the worker's (Run.held), in the write's
+# statement. The run's row is locked FOR SHARE after the thread's (the lock
+# order: thread, then run), which a claim's or finish's lock of the run
+# (FOR NO KEY UPDATE) conflicts with: a takeover waits for the writes in
+# flight, and a write after it waits for its commit and then finds the run
+# no longer held (READ COMMITTED rechecks a locked row's condition).
+_LEASED_THREAD = (
+    "WITH t AS (SELECT th.id FROM {thread} th JOIN {run} r ON r.thread_id = th.id "
+    "WHERE th.id = %s AND th.deleted_at IS NULL AND th.wrapped_data_key IS NOT NULL "
+    f"AND {LEASE_HELD_SQL} FOR KEY SHARE OF th FOR SHARE OF r)"
+)
 
 
-@lru_cache(maxsize=32)
-def _put_statement(blob_count: int) -> str:
-    parts = [_ALIVE_THREAD.format(thread=Thread._meta.db_table)]
+def _guard(leased: bool) -> str:
+    """The statement's first part: `t`, the thread if the write may go on."""
+    guard = _LEASED_THREAD if leased else _ALIVE_THREAD
+    return guard.format(thread=Thread._meta.db_table, run=Run._meta.db_table)
+
+
+@lru_cache(maxsize=64)
+def _put_statement(blob_count: int, leased: bool = False) -> str:
+    parts = [_guard(leased)]
     if blob_count:
         rows = ", ".join(["(%s::text, %s::text, %s::bytea)"] * blob_count)
         parts.append(
@@ -303,11 +334,12 @@ def _put_statement(blob_count: int) -> str:
     return ", ".join(parts) + " SELECT count(*) FROM t"
 
 
-@lru_cache(maxsize=32)
-def _put_writes_statement(write_count: int, upsert: bool) -> str:
-    """Answers whether the thread is alive, for inserts whether a packed row
-    was inserted (0 when the task's earlier call holds its place), and how
-    many rows were stored (upserted, or inserted where none was)."""
+@lru_cache(maxsize=64)
+def _put_writes_statement(write_count: int, upsert: bool, leased: bool = False) -> str:
+    """Answers whether the thread is alive (and, `leased`, the run still
+    held), for inserts whether a packed row was inserted (0 when the task's
+    earlier call holds its place), and how many rows were stored (upserted,
+    or inserted where none was)."""
     rows = ", ".join(["(%s::integer, %s::text, %s::text, %s::bytea)"] * write_count)
     on_conflict = (
         "DO UPDATE SET channel = EXCLUDED.channel, task_path = EXCLUDED.task_path, "
@@ -316,7 +348,7 @@ def _put_writes_statement(write_count: int, upsert: bool) -> str:
         else "DO NOTHING"
     )
     return (
-        _ALIVE_THREAD.format(thread=Thread._meta.db_table)
+        _guard(leased)
         + f", saved AS (INSERT INTO {PendingWrite._meta.db_table} (thread_id, "
         "checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value) "
         "SELECT t.id, %s::text, %s::bytea, %s::bytea, v.task_path, v.idx, "
@@ -586,6 +618,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self._empty_threads: set[str] = set()
         # thread id -> its latest root checkpoint as read with its run (adopt).
         self._read_heads: dict[str, tuple[_Row, dict, list]] = {}
+        # thread pk -> (run id, lease owner) of the run its writes are for.
+        self._leases: dict[int, tuple[Any, str]] = {}
         self._versions = VersionSequence()
         self._reset_heads()
 
@@ -621,6 +655,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         clone._delta_threads = set()
         clone._empty_threads = set()
         clone._read_heads = {}
+        clone._leases = {}
         clone._versions = VersionSequence()  # another tenant's: its own
         clone._reset_heads()
         return clone
@@ -632,6 +667,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         *,
         empty: bool = False,
         head: Sequence[Any] | None = None,
+        lease: tuple[Any, str] | None = None,
     ) -> None:
         """Write to `thread` as if this saver had written to it already.
 
@@ -657,10 +693,20 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         checkpoint answers it, decrypted as get_tuple decrypts its own read,
         without a query: a round trip off every run of a thread that has a
         checkpoint (a resume's included).
+
+        `lease`: (run id, lease owner), the run the writes to the thread are
+        for. Each write then also checks, in its statement, that the run is
+        still `running` and held by that owner (Run.held), and one that
+        finds it is not raises LeaseLost with nothing written (the
+        late-write rule: a run taken over writes nothing more).
         """
         if thread.tenant_id != self.tenant.pk:
             raise ValueError("the thread belongs to another tenant")
         self._written_threads[str(thread.thread_id)] = (thread.pk, cipher)
+        if lease is None:
+            self._leases.pop(thread.pk, None)
+        else:
+            self._leases[thread.pk] = lease
         if empty:
             self._empty_threads.add(str(thread.thread_id))
         if head is not None:
@@ -855,7 +901,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 self._THREAD_FIELDS,
             )
             if row is not None:
-                return self._live_thread(row)
+                thread = self._live_thread(row)
+                self._hold_lease(thread)
+                return thread
             if pinned[0] not in self._created_threads:
                 raise ThreadDeleted(
                     f"thread {thread_id!r} was deleted; refusing a late write to it"
@@ -885,6 +933,28 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             )
         self._written_threads[thread_id] = (thread.pk, thread.cipher)
         return thread
+
+    def _hold_lease(self, thread: _LiveThread) -> None:
+        """Lock the run the saver writes to `thread` for (FOR SHARE, after
+        the thread: see _LEASED_THREAD), if it has one, and raise LeaseLost
+        if it is no longer held. Call inside the write's transaction."""
+        lease = self._leases.get(thread.pk)
+        if lease is None:
+            return
+        sql = f"SELECT 1 FROM {Run._meta.db_table} r WHERE {LEASE_HELD_SQL}"
+        connection = connections[self.using]
+        if connection.vendor == "postgresql":
+            sql += " FOR SHARE"
+        run_id, owner = lease
+        # As the database stores it (SQLite: the UUID's hex).
+        run_id = Run._meta.pk.get_db_prep_value(run_id, connection)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [run_id, owner])
+            if cursor.fetchone() is None:
+                raise LeaseLost(
+                    f"run {lease[0]} lost its lease; refusing its write to "
+                    f"thread {thread.thread_id!r}"
+                )
 
     def _create_thread(self, thread_id: str, live) -> tuple[tuple, bool]:
         try:
@@ -1092,8 +1162,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         self, thread_pk: int, cipher: ThreadCipher, plan: _PutPlan
     ) -> bool:
         sealed = self._seal_put(cipher, plan)
+        lease = self._leases.get(thread_pk)
         # In the order of the placeholders of _put_statement.
-        params: list[Any] = [thread_pk]
+        params: list[Any] = [thread_pk, *(lease or ())]
         if sealed.blobs:
             params.append(plan.ns)
         for channel, version, value in sealed.blobs:
@@ -1110,17 +1181,20 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             sealed.metadata,
             timezone.now(),
         )
-        if not self._write_if_alive(_put_statement(len(sealed.blobs)), params):
+        statement = _put_statement(len(sealed.blobs), lease is not None)
+        if not self._write_if_alive(statement, params):
             return False
         self._remember_put(thread_pk, plan, sealed)
         return True
 
     def _write_if_alive(self, sql: str, params: Sequence[Any]) -> bool:
-        """Run a guarded write; False if the thread row was not found alive.
+        """Run a guarded write; False if the thread row was not found alive
+        (or the run the write is for no longer held).
 
         Then nothing was written: the caller takes the transactional path,
         which tells a deleted thread from one whose creation has not
-        committed yet (LangGraph writes from several threads at once).
+        committed yet (LangGraph writes from several threads at once), and
+        a lost lease (LeaseLost).
         """
         return self._write_returning(sql, params)[0] == 1
 
@@ -1232,8 +1306,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         known = self._written_threads.get(thread_id)
         if known is not None and self._on_postgres:
             thread_pk, cipher = known
+            lease = self._leases.get(thread_pk)
             params: list[Any] = [
                 thread_pk,
+                *(lease or ()),
                 ns,
                 compact_id(checkpoint_id),
                 compact_id(task_id),
@@ -1241,7 +1317,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             sealed = seal(cipher, packed)
             for row in sealed:
                 params += row
-            statement = _put_writes_statement(len(sealed), special)
+            statement = _put_writes_statement(len(sealed), special, lease is not None)
             alive, packed_rows, stored = self._write_returning(statement, params)
             if alive == 1 and (packed_rows or not packed):
                 self._remember_writes(
@@ -1252,8 +1328,9 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                     sealed if stored == len(sealed) else None,
                 )
                 return
-            # Dead or not yet committed (below tells which), or the task's
-            # earlier call holds the packed row's place: merged below.
+            # Dead or not yet committed, or the run's lease lost (below tells
+            # which), or the task's earlier call holds the packed row's
+            # place: merged below.
         if known is not None:
             # What this path stores is not followed: the head is forgotten.
             self._remember_writes(known[0], ns, checkpoint_id, task_id, None)

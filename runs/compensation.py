@@ -35,7 +35,7 @@ from audit import events
 from audit.services import Actor
 from runs import selectors
 from runs.crypto import ThreadCipher
-from runs.models import Run, Thread, ToolCall
+from runs.models import LeaseLost, Run, Thread, ToolCall
 from runs.sagas import saga_calls
 from runs.services.threads import thread_event
 from runs.tools import ActivityFailed, Ledger, RetryPolicy, import_function
@@ -124,7 +124,8 @@ def compensate(
     *, run: Run, thread: Thread, owner: str, error_type: str, error_text: str
 ) -> Compensated | None:
     """Undo the saga's completed calls (see the module doc); None when there
-    is nothing to undo, or the run's lease is no longer this worker's."""
+    is nothing to undo. LeaseLost, with nothing done, if the run's lease is
+    no longer this worker's."""
     calls = saga_calls(thread)
     pending = [call for call in calls if not call.undone]
     if run.compensation != Run.Compensation.COMPENSATING:
@@ -132,15 +133,13 @@ def compensate(
             return None
         with transaction.atomic():
             cipher = ThreadCipher.for_thread(thread)
-            marked = Run.objects.filter(
-                pk=run.pk, lease_owner=owner, status=Run.Status.RUNNING
-            ).update(
+            marked = Run.held(run.pk, owner).update(
                 compensation=Run.Compensation.COMPENSATING,
                 error_type=error_type[:200],
                 error=cipher.encrypt_value(error_text, row=("run-error", str(run.id))),
             )
             if not marked:
-                return None
+                raise LeaseLost(f"run {run.id} lost its lease before compensating")
             thread_event(
                 thread=thread,
                 kind=events.RUN_COMPENSATING,

@@ -59,7 +59,7 @@ from runs.errors import VersionSkew
 from runs.fixed_queries import FixedQuery
 from runs.gates import gate_nodes_of
 from runs.graphs import compiled, ensure_nodes_exist, spec_for, thread_config
-from runs.models import Checkpoint, Run, Thread
+from runs.models import Checkpoint, LeaseLost, Run, Thread
 from runs.services.runs import record_cancelled
 from runs.services.threads import thread_event
 from runs.signals import InterruptRejected, run_interrupted
@@ -254,9 +254,7 @@ def _extend_lease(run_id, owner: str, *, unexpired: bool = False) -> int:
     and held by `owner` (and, `unexpired`, has not run out); the rows changed
     (0 or 1)."""
     now = timezone.now()
-    still_held = Run.objects.filter(
-        pk=run_id, lease_owner=owner, status=Run.Status.RUNNING
-    )
+    still_held = Run.held(run_id, owner)
     if unexpired:
         still_held = still_held.filter(lease_until__gt=now)
     return still_held.update(lease_until=now + _lease_length(), heartbeat_at=now)
@@ -646,6 +644,8 @@ def _invoke(
         cipher,
         empty=from_latest and getattr(run, "checkpointed", None) is False,
         head=_head_read_with(run) if from_latest else None,
+        # Every write for the run checks its lease (LeaseLost if lost).
+        lease=(run.pk, run.lease_owner),
     )
     graph_input, config = _graph_input(run, thread, cipher, untried=untried)
     context = RunContext(
@@ -912,11 +912,8 @@ def _record_end(
         if run is None:
             return  # its thread deleted while running: nothing left to record
         thread = run.thread  # the locked row: receivers read run.thread
-        if run.lease_owner != owner or run.status != Run.Status.RUNNING:
-            logger.warning(
-                "run %s: finished after losing its lease; not recorded", run_id
-            )
-            return
+        if not run.held_by(owner):
+            raise LeaseLost(f"run {run_id} finished after losing its lease")
         if outcome.cancelled:
             record_cancelled(run=run, thread=thread, actor=SYSTEM, publisher=publisher)
             return
@@ -1014,6 +1011,9 @@ def execute(run_id: str) -> None:
     LEASES.hold(run.id, owner)
     try:
         outcome = _run(run, thread, publisher, owner)
+    except LeaseLost as lost:
+        _lease_lost(lost)
+        return
     except Exception as exc:
         if not outages.is_database_outage(exc):
             raise
@@ -1036,15 +1036,27 @@ def execute(run_id: str) -> None:
             # them. A lease already run out (the first finish retried through
             # an outage, say) leaves the run to the sweep, recording nothing.
             if not LEASES.renew_now(run.id, owner):
-                logger.warning("run %s: its lease ran out before its finish", run_id)
-                return
+                raise LeaseLost(
+                    f"run {run_id}: its lease ran out before its finish"
+                ) from None
             try:
                 outcome = _read_again(run, thread, owner, outcome)
             finally:
                 LEASES.release(run.id)
             _finish(run_id, owner, outcome, publisher)
 
-    outages.through_outages(finish, what=f"run {run_id}: recording its outcome")
+    try:
+        outages.through_outages(finish, what=f"run {run_id}: recording its outcome")
+    except LeaseLost as lost:
+        _lease_lost(lost)
+
+
+def _lease_lost(lost: LeaseLost) -> None:
+    """A run this worker no longer holds (LeaseLost: a checkpoint write
+    refused, compensation or the finish finding the lease gone) stops here:
+    nothing is recorded for it, no failure, no compensation, no event; the
+    worker that took it over (or the recovery sweep) carries it on."""
+    logger.warning("%s; stopped, nothing recorded", lost)
 
 
 def _read_again(run: Run, thread: Thread, owner: str, outcome: Outcome) -> Outcome:
@@ -1075,6 +1087,8 @@ def _run(
             outcome = _invoke_through_outages(run, thread, publisher)
         except VersionSkew as skew:
             return Outcome(error=skew)  # the thread is left as it is
+        except LeaseLost:
+            raise  # not the agent's failure: nothing to record or undo
         except Exception as exc:  # the agent's own failure ends the run, not the worker
             if outages.is_database_outage(exc):
                 raise

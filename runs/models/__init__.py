@@ -1,6 +1,6 @@
 from runs.models.checkpoints import ChannelBlob, Checkpoint, PendingWrite
 from runs.models.content import ThreadContent, WrappedKey
-from runs.models.execution import Run
+from runs.models.execution import LEASE_HELD_SQL, LeaseLost, Run
 from runs.models.replay import RecordedValue
 from runs.models.streaming import RunStreamEvent
 from runs.models.tenancy import (
@@ -22,6 +22,8 @@ __all__ = [
     "Checkpoint",
     "IdempotencyRecord",
     "KeyCacheStore",
+    "LEASE_HELD_SQL",
+    "LeaseLost",
     "Membership",
     "PendingWrite",
     "RecordedValue",

@@ -13,6 +13,17 @@ from runs.models.tenancy import Tenant, TenantOwnedQuerySet
 from runs.models.threads import Thread
 
 
+class LeaseLost(RuntimeError):
+    """A worker's run is no longer its own: its lease was taken by another
+    worker (the recovery sweep handed the run on after the lease ran out: a
+    frozen process, a partition), or the run stopped being `running`. What
+    the worker does from then on reaches neither the thread's state nor the
+    run's record (the late-write rule): its checkpoint writes are refused
+    (runs.checkpointer), and it stops, recording nothing, no failure, no
+    compensation, no event (runs.execution.execute). A RuntimeError, which
+    LangGraph's default retry policy does not retry."""
+
+
 class Run(models.Model):
     """A queued, running or finished execution of a thread's agent.
 
@@ -136,3 +147,27 @@ class Run(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE
+
+    # The lease: a run is its worker's while it is `running` with the worker's
+    # `lease_owner` (a token new at every claim, runs.execution). Whatever the
+    # worker writes for the run checks this, with the row locked, in the
+    # statement or transaction that writes: the renewal, the compensation's
+    # start, the finish, and the checkpoint store's writes (LEASE_HELD_SQL).
+
+    @classmethod
+    def held(cls, run_id, owner: str) -> models.QuerySet:
+        """The run, if it is still `owner`'s (see above)."""
+        return cls.objects.filter(
+            pk=run_id, lease_owner=owner, status=cls.Status.RUNNING
+        )
+
+    def held_by(self, owner: str) -> bool:
+        """This row, as read, is still `owner`'s."""
+        return self.lease_owner == owner and self.status == self.Status.RUNNING
+
+
+# Run.held in SQL over the run's table aliased `r`; its parameters are the
+# run's id and the owner.
+LEASE_HELD_SQL = (
+    f"r.id = %s AND r.lease_owner = %s AND r.status = '{Run.Status.RUNNING.value}'"
+)
