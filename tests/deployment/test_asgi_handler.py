@@ -345,3 +345,51 @@ def test_a_request_started_receivers_error_ends_the_request_too():
     finally:
         request_started.disconnect(failing)
     assert kept_thread_state(app) == (True, False)
+
+
+def test_a_non_streamed_answer_takes_two_tasks_in_the_event_loop():
+    """Its hop to the request's thread and Django's watch for a disconnect:
+    no task of its own for sending the answer, and no asyncio.wait over the
+    two (Django's handler creates three tasks and waits on two)."""
+    app = Recording()
+    created = []
+
+    async def counted():
+        loop = asyncio.get_running_loop()
+        default = loop.get_task_factory()
+
+        def factory(loop, coro, **kwargs):
+            created.append(getattr(coro, "__qualname__", repr(coro)))
+            if default is not None:
+                return default(loop, coro, **kwargs)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)
+        try:
+            return await call(app, "/healthz")
+        finally:
+            loop.set_task_factory(default)
+
+    status, body = async_to_sync(counted)()
+    assert status == 200 and body == b'{"status":"ok"}'
+    assert len(created) == 2, created
+
+
+def test_a_streamed_answer_is_stopped_when_its_client_leaves():
+    """A streamed body is sent with the disconnect watched: a client that
+    leaves mid-stream ends the send and the response is closed."""
+    closed = threading.Event()
+
+    async def forever():
+        yield b"first"
+        await asyncio.Event().wait()
+
+    class Streaming(OneHopASGIHandler):
+        def get_response(self, request):
+            response = StreamingHttpResponse(forever())
+            response._resource_closers.append(closed.set)
+            return response
+
+    status, body = async_to_sync(call)(Streaming(), "/healthz", leave_after=0.05)
+    assert status == 200 and body == b"first"
+    assert closed.is_set()
