@@ -128,13 +128,17 @@ MIDDLEWARE = [
     "config.csp.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "runs.api.middleware.ApiBodySizeLimitMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Django's session, authentication and messages middleware, stepped over
+    # by an API request that authenticates with a key (its caller is the key,
+    # not a session: runs.api.middleware.keyed); the same for the rest. CSRF's
+    # is Django's own, by name, as `check --deploy` (security.W003) wants it.
+    "runs.api.middleware.BrowserSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "runs.api.middleware.BrowserAuthenticationMiddleware",
     # The reader's time zone, for the admin's pages (runs.timezones).
     "runs.timezones.ReaderTimezoneMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "runs.api.middleware.BrowserMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: answers a locked-out login with 429.
     "axes.middleware.AxesMiddleware",
