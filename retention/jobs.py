@@ -37,7 +37,7 @@ from audit.services import Actor, purge_before, record
 from retention import services
 from retention.models import DeletionRequest
 from runs import dispatch, selectors, storage
-from runs.models import Checkpoint, Run, Tenant, Thread
+from runs.models import Checkpoint, IdempotencyRecord, Run, Tenant, Thread
 from runs.sweeps import (
     Progress,
     Sweep,
@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 
 # Threads looked at per candidate query of the pruning job (no locks taken).
 PRUNE_SCAN_PAGE = 2000
+# Idempotency-Key records deleted per batch, per thread of a batch of the
+# thread jobs: a record is one small row, with no audit event of its own.
+RECORDS_PER_BATCH_ITEM = 20
 
 
 def _tenants(*, skip_held: bool = True) -> list[Tenant]:
@@ -459,6 +462,55 @@ def _purge_tenant(sweep: Sweep, result: SweepResult, tenant: Tenant) -> None:
         sweep.tick(purged.events)
 
 
+# --- Idempotency-Key records ---------------------------------------------------------
+
+
+def purge_idempotency_records(sweep: Sweep) -> SweepResult:
+    """Delete Idempotency-Key records past GATEHOUSE_IDEMPOTENCY_TTL.
+
+    A record keeps a write's first response for its retries
+    (runs.api.idempotency); past the TTL a repeat of its key is new work
+    anyway, so the record and the response sealed in it serve nothing. Each
+    batch one transaction, its rows locked SKIP LOCKED (a request reusing
+    the key deletes its own expired record, runs.api.idempotency._reserve).
+    Legal holds do not keep them: a record is a replay cache, not a record of
+    what happened (the audit trail and the thread's own rows are).
+    """
+    result = SweepResult()
+    expired = IdempotencyRecord.objects.filter(
+        created_at__lt=sweep.now - settings.GATEHOUSE_IDEMPOTENCY_TTL
+    )
+    if sweep.dry_run:
+        for tenant_id, slug, rows in (
+            expired.values("tenant_id")
+            .annotate(rows=Count("pk"))
+            .values_list("tenant_id", "tenant__slug", "rows")
+            .order_by("tenant_id")
+        ):
+            result.add(tenant_id, "idempotency_records", rows)
+            result.plan.append(
+                f"delete {rows} Idempotency-Key record(s) of {slug} older than "
+                f"{settings.GATEHOUSE_IDEMPOTENCY_TTL}"
+            )
+        return result
+    while not sweep.out_of_time():
+        with transaction.atomic():
+            doomed = list(
+                expired.select_for_update(skip_locked=True)
+                .order_by("created_at", "pk")
+                .values_list("pk", "tenant_id")[
+                    : sweep.batch_size * RECORDS_PER_BATCH_ITEM
+                ]
+            )
+            if not doomed:
+                return result
+            IdempotencyRecord.objects.filter(pk__in=[pk for pk, _ in doomed]).delete()
+        for _, tenant_id in doomed:
+            result.add(tenant_id, "idempotency_records")
+        sweep.tick(len(doomed))
+    return result
+
+
 # --- the registry and the runner ----------------------------------------------------
 
 
@@ -466,7 +518,8 @@ def _purge_tenant(sweep: Sweep, result: SweepResult, tenant: Tenant) -> None:
 class Job:
     name: str
     function: Callable[[Sweep], SweepResult]
-    # The Celery task beat runs for it (retention/migrations/0003_beat_schedule).
+    # The Celery task beat runs for it (retention/migrations/0003_beat_schedule,
+    # 0004_beat_idempotency_purge).
     task: str
     summary: str
     unit: str  # what progress counts
@@ -530,6 +583,13 @@ JOBS: dict[str, Job] = {
             "retention.purge_audit",
             "purge audit events past their retention",
             "events",
+        ),
+        Job(
+            "purge_idempotency_records",
+            purge_idempotency_records,
+            "retention.purge_idempotency_records",
+            "delete Idempotency-Key records past GATEHOUSE_IDEMPOTENCY_TTL",
+            "records",
         ),
     )
 }

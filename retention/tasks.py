@@ -1,7 +1,8 @@
 """Celery tasks of the retention jobs. Thin: the work is in retention.jobs.
 
 Task names are stable: the beat schedule (retention/migrations/
-0003_beat_schedule.py) refers to them by name. Two jobs run under their
+0003_beat_schedule.py, 0004_beat_idempotency_purge.py) refers to them by
+name. Two jobs run under their
 owners' tasks, `runs.recover_stalled_runs` and `audit.seal`, which beat runs
 more often than a retention job would; `manage.py retention_run` runs them
 through retention.jobs like the others.
@@ -51,6 +52,11 @@ def carry_out_deletions() -> dict[str, int]:
 @shared_task(name="retention.purge_audit", ignore_result=True)
 def purge_audit() -> dict[str, int]:
     return _scheduled("purge_audit")
+
+
+@shared_task(name="retention.purge_idempotency_records", ignore_result=True)
+def purge_idempotency_records() -> dict[str, int]:
+    return _scheduled("purge_idempotency_records")
 
 
 @shared_task(name=services.CARRY_OUT_DELETION, acks_late=True, ignore_result=True)

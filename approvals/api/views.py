@@ -25,7 +25,7 @@ from approvals.models import ApprovalRequest
 from approvals.selectors import approval_view
 from approvals.services import Reviewer, approval_decide, approval_read
 from runs import permissions
-from runs.api.idempotency import IdempotentWrites
+from runs.api.idempotency import IdempotentWrites, shows_thread_content
 from runs.api.serializers import ErrorSerializer, represent
 from runs.api.views import actor_for, validated
 from runs.fixed_queries import FixedQuery
@@ -338,4 +338,14 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
                 decisions=approval.decisions_now,
                 resumed_run=resumed,
             )
+        # The answer shows the payload and the note: kept for a replay under
+        # the thread's key, shredded with the thread.
+        shows_thread_content(request, approval.thread)
         return Response(body)
+
+    def idempotent_replayed(self, request, approval_id):
+        """A replay of the answer shows the payload again: a read like the
+        detail's, audited (`approval.read`, how "replay"). A request whose
+        thread was deleted answers 404 before this (runs.api.idempotency)."""
+        approval = generics.get_object_or_404(_tenant_requests(request), pk=approval_id)
+        approval_read(approval=approval, actor=actor_for(request), how="replay")

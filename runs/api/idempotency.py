@@ -18,9 +18,17 @@ record, let alone the response, of another key of the same tenant that used
 the same Idempotency-Key. The request's digest is an HMAC under a key derived
 from SECRET_KEY, not a bare hash: a body's content (a subject's e-mail in a
 deletion request) cannot be recovered by hashing candidates. The stored
-response is sealed under a key derived from the master key ring
-(runs.crypto.seal), bound to its record: a decision's answer shows the
-request's payload, which must not sit in clear in the database.
+response is sealed, bound to its record: under the data key of the thread
+whose content it shows, when the view says it shows some
+(`shows_thread_content`: a decision's answer shows the request's payload and
+the reviewer's note), so that deleting the thread shreds it with the rest of
+the thread, backups included; otherwise under a key derived from the master
+key ring (runs.crypto.seal). A replay of a response whose thread was deleted
+answers 404, as the request itself would now; the row is cleared of its
+response when the thread's rows are removed, and purged past the TTL by the
+retention job `purge_idempotency_records`. A view whose replay shows content
+whose reading is audited says so in `idempotent_replayed` (the decision's
+records `approval.read`), called in the replay's transaction.
 
 It is on by default: the API's views mix in `IdempotentWrites`, which wraps
 every unsafe method a view defines; a view whose writes must not be replayed
@@ -42,9 +50,9 @@ from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
 from runs import crypto
-from runs.crypto import CryptoError
+from runs.crypto import CryptoError, ThreadCipher
 from runs.errors import StateConflict
-from runs.models import IdempotencyRecord
+from runs.models import IdempotencyRecord, Thread
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
@@ -73,13 +81,45 @@ def _record_context(record: IdempotencyRecord) -> tuple:
     return (record.tenant_id, record.owner, record.key)
 
 
+def _thread_row(record: IdempotencyRecord) -> tuple:
+    # Under the thread's key: bound to the record as well.
+    return (_SEALED_PURPOSE, record.pk, record.owner, record.key)
+
+
+def _seal(record: IdempotencyRecord, plaintext: bytes, thread: Thread | None) -> bytes:
+    if thread is not None:
+        return ThreadCipher.for_thread(thread).encrypt(
+            plaintext, row=_thread_row(record)
+        )
+    return crypto.seal(
+        plaintext, purpose=_SEALED_PURPOSE, context=_record_context(record)
+    )
+
+
 def _unseal(record: IdempotencyRecord):
     if record.response_sealed is None:
         raise CryptoError("no sealed response")
-    plaintext = crypto.unseal(
-        record.response_sealed, purpose=_SEALED_PURPOSE, context=_record_context(record)
-    )
+    if record.thread_id is not None:
+        plaintext = ThreadCipher.for_thread(record.thread).decrypt(
+            record.response_sealed, row=_thread_row(record)
+        )
+    else:
+        plaintext = crypto.unseal(
+            record.response_sealed,
+            purpose=_SEALED_PURPOSE,
+            context=_record_context(record),
+        )
     return json.loads(plaintext)
+
+
+_SHOWN_THREAD = "_idempotency_shown_thread"
+
+
+def shows_thread_content(request, thread: Thread) -> None:
+    """Say that the response to `request` shows content of `thread`: if it is
+    kept for a replay, it is sealed under the thread's data key, shredded
+    with it, and a replay after the thread's deletion answers 404."""
+    setattr(request, _SHOWN_THREAD, thread)
 
 
 def _owner(principal) -> str:
@@ -119,6 +159,7 @@ def _replay(*, tenant, owner: str, key: str, digest: str) -> Response:
     previous = (
         IdempotencyRecord.objects.for_tenant(tenant)
         .filter(owner=owner, key=key)
+        .select_related("thread")
         .first()
     )
     if previous is None:  # the first request rolled back meanwhile: retryable
@@ -135,6 +176,15 @@ def _replay(*, tenant, owner: str, key: str, digest: str) -> Response:
             "The first request with that Idempotency-Key is still being handled.",
             code="idempotency_in_progress",
         )
+    if previous.thread_id is not None and (
+        previous.thread.deleted_at is not None or previous.thread.is_shredded
+    ):
+        # What the response showed went with the thread; the request itself
+        # would answer 404 now, and its work is not done again.
+        raise exceptions.NotFound(
+            "The thread of the first request with that Idempotency-Key was "
+            "deleted; its response is gone with it."
+        )
     try:
         body = _unseal(previous)
     except CryptoError:
@@ -150,19 +200,20 @@ def _replay(*, tenant, owner: str, key: str, digest: str) -> Response:
     return response
 
 
-def _store(record: IdempotencyRecord, response: Response) -> None:
+def _store(
+    record: IdempotencyRecord, response: Response, thread: Thread | None
+) -> None:
     """Keep a successful response for repeats; release the key otherwise."""
     if not 200 <= response.status_code < 300:
         record.delete()
         return
     record.response_status = response.status_code
+    record.thread = thread
     # As the client received it: UUIDs, datetimes and decimals as strings.
-    record.response_sealed = crypto.seal(
-        json.dumps(response.data, cls=JSONEncoder).encode(),
-        purpose=_SEALED_PURPOSE,
-        context=_record_context(record),
+    record.response_sealed = _seal(
+        record, json.dumps(response.data, cls=JSONEncoder).encode(), thread
     )
-    record.save(update_fields=["response_status", "response_sealed"])
+    record.save(update_fields=["response_status", "response_sealed", "thread"])
 
 
 def idempotent(view_method):
@@ -188,9 +239,15 @@ def idempotent(view_method):
             )
             if record is not None:
                 response = view_method(view, request, *args, **kwargs)
-                _store(record, response)
+                _store(record, response, getattr(request, _SHOWN_THREAD, None))
                 return response
-        return _replay(tenant=tenant, owner=owner, key=key, digest=digest)
+        with transaction.atomic():
+            response = _replay(tenant=tenant, owner=owner, key=key, digest=digest)
+            replayed = getattr(view, "idempotent_replayed", None)
+            if replayed is not None:
+                # The read it shows again, audited in this transaction.
+                replayed(request, *args, **kwargs)
+        return response
 
     wrapper.idempotent = True
     return wrapper

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from audit.services import Actor
 from runs import outages, permissions, registry, selectors, services, streaming
 from runs.api.filters import ThreadFilter
-from runs.api.idempotency import IdempotentWrites
+from runs.api.idempotency import IdempotentWrites, shows_thread_content
 from runs.api.parsers import SafeJSONRenderer
 from runs.api.serializers import (
     AgentSerializer,
@@ -162,6 +162,8 @@ class ThreadListCreateView(IdempotentWrites, generics.ListAPIView):
             thread_id=body.get("thread_id"),
             metadata=body.get("metadata"),
         )
+        # Its metadata, removed with the thread.
+        shows_thread_content(request, thread)
         return Response(
             represent(ThreadSerializer, thread), status=status.HTTP_201_CREATED
         )

@@ -10,6 +10,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.functional import cached_property
 
+from runs.models.content import ThreadContent
+
 
 class TenantOwnedQuerySet(models.QuerySet):
     """The one way to read tenant-owned rows: every query names its tenant."""
@@ -200,12 +202,32 @@ class IdempotencyRecord(models.Model):
     request_digest = models.CharField(max_length=64)
     # Null while the first request is still being handled.
     response_status = models.PositiveSmallIntegerField(null=True)
-    # The response's JSON, sealed (runs.crypto.seal): it can hold thread
-    # content (a decision's answer shows the request's payload).
+    # The response's JSON, sealed: under the thread's data key when it shows
+    # that thread's content (`thread` set: a decision's answer shows the
+    # request's payload and the reviewer's note), so that deleting the thread
+    # shreds it with the rest; otherwise under the master key ring
+    # (runs.crypto.seal).
     response_sealed = models.BinaryField(null=True, editable=False)
+    # The thread whose content the response shows, if any: a replay after the
+    # thread's deletion answers 404 (runs.api.idempotency).
+    thread = models.ForeignKey(
+        "runs.Thread",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     objects = TenantOwnedQuerySet.as_manager()
+
+    # Cleared when the thread is removed (runs.storage.content_clear); the
+    # row, which no longer holds anything of the thread, stays until the
+    # retention job `purge_idempotency_records` deletes it past
+    # GATEHOUSE_IDEMPOTENCY_TTL, so the key is not taken as new meanwhile.
+    thread_content = (
+        ThreadContent("idempotent_responses", fields=("response_sealed",)),
+    )
 
     class Meta:
         constraints = [

@@ -220,6 +220,25 @@ def test_a_stored_response_is_sealed_and_opens_only_in_its_record():
     assert_error(moved, 409, "idempotency_key_reused")
 
 
+def test_a_created_threads_response_is_gone_with_the_thread():
+    """The answer to a thread's creation shows its metadata: sealed under the
+    thread's key, a replay after the thread's deletion answers 404 rather
+    than the metadata, and the thread is not created again."""
+    tenant, client = tenant_with_client()
+    body = {"thread_id": "case-7", "agent": "refund", "metadata": {"channel": "web"}}
+    key = {"HTTP_IDEMPOTENCY_KEY": "t-1"}
+    first = client.post("/api/v1/threads", body, format="json", **key)
+    assert first.status_code == 201, first.content
+    replay = client.post("/api/v1/threads", body, format="json", **key)
+    assert replay.json() == first.json() and replay["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get(key="t-1").thread.thread_id == "case-7"
+    assert client.delete("/api/v1/threads/case-7").status_code == 202
+    gone = client.post("/api/v1/threads", body, format="json", **key)
+    assert_error(gone, 404, "not_found")
+    assert "web" not in gone.content.decode()
+    assert client.get("/api/v1/threads/case-7").status_code == 404
+
+
 @probe_urls
 def test_a_key_recorded_before_keys_were_per_caller_is_refused_not_run_again():
     tenant, client = tenant_with_client()

@@ -123,9 +123,6 @@ def test_every_model_that_stores_thread_ciphertext_declares_it():
         apps.get_model("audit", "AuditBlock"): {"leaves"},
         # A tenant's webhook signing key, wrapped like a thread's data key.
         apps.get_model("webhooks", "WebhookSubscription"): {"wrapped_secret"},
-        # A response kept to replay it, sealed under the master key ring; it
-        # expires with its record (GATEHOUSE_IDEMPOTENCY_TTL).
-        apps.get_model("runs", "IdempotencyRecord"): {"response_sealed"},
     }
     undeclared = {}
     for model in apps.get_models():
