@@ -217,6 +217,19 @@ class ApprovalNotice(models.Model):
         ApprovalRequest, on_delete=models.CASCADE, related_name="+"
     )
     recipient = models.EmailField()
+    # Whom it is for, and as which roles of the tenant (any role if empty):
+    # sent only while they are still an active member with one of them
+    # (approvals.notifications.send_owed); a membership removed, or a user
+    # deactivated, takes their notices with it (approvals.receivers). Null
+    # for notices owed before these were kept: the address is checked.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    roles = models.JSONField(default=list, blank=True)
     subject = models.TextField()
     body = models.TextField()
     created_at = models.DateTimeField(default=timezone.now)

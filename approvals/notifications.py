@@ -13,6 +13,12 @@ Each mail owed is a row (approvals.models.ApprovalNotice) written in the
 transaction of the change, so that none is lost with a message the broker
 never took or a worker killed holding it: the approvals sweep sends what the
 task has not after NOTICE_GRACE (send_owed says what is guaranteed).
+
+A notice is for a member of the tenant as one of its roles (the assignee as
+a decider, a hop's roles, compliance officers): it is sent only while its
+recipient is still an active member with one of those roles, at that address
+(send_owed checks it, under the row's lock); removing the membership, or
+deactivating the user, deletes what is owed to them (approvals.receivers).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from django.core.mail import EmailMessage
 from django.db import transaction
 
 from approvals.models import ApprovalNotice, ApprovalRequest
-from runs import dispatch
+from runs import dispatch, permissions
 from runs.models import Membership, Role
 
 logger = logging.getLogger(__name__)
@@ -52,6 +58,10 @@ class Notice:
     subject: str
     body: str
     recipients: tuple[str, ...]  # each gets a message of their own
+    # The user each recipient is, in the same order, and the roles the
+    # notice is for (ApprovalNotice.user, .roles).
+    users: tuple[int, ...] = ()
+    roles: tuple[str, ...] = ()
 
 
 def card_link(approval: ApprovalRequest) -> str:
@@ -61,19 +71,29 @@ def card_link(approval: ApprovalRequest) -> str:
     )
 
 
-def addresses_of_roles(tenant_id: int, roles) -> list[str]:
-    """The e-mail addresses of the tenant's active members with these roles."""
+def members_of_roles(tenant_id: int, roles) -> list[tuple[str, int]]:
+    """(e-mail address, user pk) of the tenant's active members with these
+    roles, one per address, by address."""
     users = get_user_model().objects.filter(
         is_active=True,
         pk__in=Membership.objects.filter(tenant_id=tenant_id, role__in=roles).values(
             "user_id"
         ),
     )
-    return sorted({email for email in users.values_list("email", flat=True) if email})
+    first: dict[str, int] = {}
+    for email, pk in users.order_by("pk").values_list("email", "pk"):
+        if email:
+            first.setdefault(email, pk)
+    return sorted(first.items())
 
 
 def notice(
-    approval: ApprovalRequest, *, headline: str, lines: list[str], recipients
+    approval: ApprovalRequest,
+    *,
+    headline: str,
+    lines: list[str],
+    recipients: list[tuple[str, int]],
+    roles,
 ) -> Notice:
     """A mail about one request: what it is, where to open it, and `lines`."""
     subject = (
@@ -97,7 +117,13 @@ def notice(
             "it; this message carries none of it.",
         ]
     )
-    return Notice(subject=subject, body=body, recipients=tuple(recipients))
+    return Notice(
+        subject=subject,
+        body=body,
+        recipients=tuple(email for email, _ in recipients),
+        users=tuple(pk for _, pk in recipients),
+        roles=tuple(sorted(Role(role).value for role in roles)),
+    )
 
 
 def send_on_commit(approval: ApprovalRequest, item: Notice) -> None:
@@ -108,10 +134,12 @@ def send_on_commit(approval: ApprovalRequest, item: Notice) -> None:
             tenant_id=approval.tenant_id,
             request=approval,
             recipient=address,
+            user_id=user_pk,
+            roles=list(item.roles),
             subject=item.subject,
             body=item.body,
         )
-        for address in item.recipients
+        for address, user_pk in zip(item.recipients, item.users, strict=True)
     )
     for row in owed:
         dispatch.task_send_on_commit(SEND_NOTICE, row.pk)
@@ -127,7 +155,9 @@ def send_owed(owed) -> ApprovalNotice | None:
     never both send it: the other skips it while it is locked and finds it
     gone after. A send that fails (the mail server down, or refusing for
     now) rolls the transaction back and raises: the notice stays owed; one
-    the server refuses for good is deleted and NoticeGivenUp raised. The one window
+    the server refuses for good is deleted and NoticeGivenUp raised, and so
+    is one whose recipient is no longer an active member of the tenant with
+    a role it is for (still_addressed), unsent. The one window
     is a sender that dies, or loses its database, after the mail server took
     the message and before the commit: the notice stays owed and is sent
     again, a duplicate; never none. (SQLite, the embedded mode, has no row
@@ -138,21 +168,66 @@ def send_owed(owed) -> ApprovalNotice | None:
         row = _first_free(owed)
         if row is None:
             return None
-        try:
-            mail(row.subject, row.body, row.recipient)
-        except smtplib.SMTPException as error:
-            if not _refused_for_good(error):
-                raise
-            # Sent again it would be refused again, at every sweep, its
-            # address kept: given up in this transaction, then said.
-            given_up = _give_up(row, f"refused by the mail server ({_code(error)})")
+        if not still_addressed(row):
+            # Removed from the tenant, deactivated, or no longer in a role it
+            # was for since it was owed: not theirs to read any more. Given
+            # up in this transaction, then said.
+            given_up = _give_up(row, "its recipient is no longer a member it is for")
         else:
-            given_up = None
-            # By pk: the row is ours (locked) and already read.
-            ApprovalNotice.objects.filter(pk=row.pk).delete()
+            given_up = _mail_owed(row)
     if given_up is not None:
         raise given_up
     return row
+
+
+def _mail_owed(row: ApprovalNotice) -> NoticeGivenUp | None:
+    """Send the (locked) notice and delete it, in the caller's transaction;
+    the give-up, if the mail server refused it for good."""
+    try:
+        mail(row.subject, row.body, row.recipient)
+    except smtplib.SMTPException as error:
+        if not _refused_for_good(error):
+            raise
+        # Sent again it would be refused again, at every sweep, its
+        # address kept: given up in this transaction, then said.
+        return _give_up(row, f"refused by the mail server ({_code(error)})")
+    # By pk: the row is ours (locked) and already read.
+    ApprovalNotice.objects.filter(pk=row.pk).delete()
+    return None
+
+
+def owed_to_member_dropped(*, tenant_id: int, user_id: int, role: str | None) -> int:
+    """Delete what is owed to a member of the tenant: all of it when the
+    membership is removed (`role` None), what is for other roles when their
+    role changed to `role`. In the caller's transaction; how many."""
+    owed = ApprovalNotice.objects.filter(tenant_id=tenant_id, user_id=user_id)
+    if role is not None:
+        # A few rows at most; read, as SQLite has no JSON containment.
+        owed = owed.filter(
+            pk__in=[
+                pk
+                for pk, roles in owed.values_list("pk", "roles")
+                if roles and role not in roles
+            ]
+        )
+    deleted, _ = owed.delete()
+    return deleted
+
+
+def still_addressed(row: ApprovalNotice) -> bool:
+    """Whether the notice's recipient is still an active member of its tenant,
+    with one of the roles it is for (any, for a notice that names none), at
+    the address it is owed to."""
+    members = Membership.objects.filter(
+        tenant_id=row.tenant_id,
+        user__is_active=True,
+        user__email__iexact=row.recipient,
+    )
+    if row.user_id is not None:
+        members = members.filter(user_id=row.user_id)
+    if row.roles:
+        members = members.filter(role__in=row.roles)
+    return members.exists()
 
 
 def mail(subject: str, body: str, recipient: str) -> None:
@@ -220,7 +295,13 @@ def notify_assigned(*, approval: ApprovalRequest, assignee, assigned_by: str) ->
         approval,
         headline="Assigned to you",
         lines=[f"{assigned_by} assigned you an approval request to decide."],
-        recipients=[assignee.email] if assignee.is_active and assignee.email else [],
+        recipients=(
+            [(assignee.email, assignee.pk)]
+            if assignee.is_active and assignee.email
+            else []
+        ),
+        # As one of its deciders (request_reassign checks it).
+        roles=permissions.roles_with(permissions.DECIDE),
     )
     send_on_commit(approval, item)
     return item
@@ -238,7 +319,8 @@ def notify_escalated(
             f"of the tenant (step {step}, level {level}).",
             "If nobody answers, it expires and is denied by the system.",
         ],
-        recipients=addresses_of_roles(approval.tenant_id, roles),
+        recipients=members_of_roles(approval.tenant_id, roles),
+        roles=roles,
     )
     send_on_commit(approval, item)
     return item
@@ -252,9 +334,10 @@ def notify_expired(*, approval: ApprovalRequest) -> Notice:
             "Nobody answered this approval request in time: it expired, was "
             "denied by the system, and the run went on with the denial.",
         ],
-        recipients=addresses_of_roles(
+        recipients=members_of_roles(
             approval.tenant_id, [Role.COMPLIANCE_OFFICER.value]
         ),
+        roles=[Role.COMPLIANCE_OFFICER.value],
     )
     send_on_commit(approval, item)
     return item

@@ -22,8 +22,10 @@ from django.utils import timezone
 from approvals.models import ApprovalNotice, ApprovalRequest
 from approvals.notifications import NOTICE_GRACE, NOTICE_MAX_AGE, send_owed
 from approvals.tasks import send_notice
+from audit.services import Actor
 from retention.jobs import job_run
-from runs.models import Thread
+from runs.models import Membership, Thread
+from runs.services import membership_remove, membership_set
 from tests.approvals.test_notifications import desk, on_the_card
 from tests.runs.test_outages import broker_unreachable
 
@@ -194,3 +196,70 @@ def test_a_notice_owed_past_its_age_is_given_up_by_the_sweep():
         minutes = NOTICE_MAX_AGE.total_seconds() / 60 + 1
         assert sweep_after(minutes) == {"notices_given_up": 1}
     assert not ApprovalNotice.objects.exists() and not mail.outbox
+
+
+def test_a_removed_reviewers_owed_mail_goes_with_their_membership():
+    """A reviewer removed from the tenant was mailed 16 minutes later by the
+    sweep (membership_remove left the notice): it goes with the membership."""
+    approval, rita = assigned_while_the_broker_is_down("rec-8")
+    (owed,) = ApprovalNotice.objects.all()
+    assert owed.user_id == rita.pk and owed.roles == ["compliance_officer", "reviewer"]
+    membership = Membership.objects.get(user=rita, tenant=approval.tenant)
+    membership_remove(membership=membership, actor=Actor.system("tests"))
+    assert not ApprovalNotice.objects.exists()
+    assert sweep_after(NOTICE_GRACE.total_seconds() / 60 + 1) == {}
+    send_notice.run(owed.pk)
+    assert not mail.outbox
+
+
+def test_a_deactivated_reviewers_owed_mail_is_dropped():
+    _, rita = assigned_while_the_broker_is_down("rec-9")
+    rita.is_active = False
+    rita.save(update_fields=["is_active"])
+    assert not ApprovalNotice.objects.exists()
+    assert sweep_after(NOTICE_GRACE.total_seconds() / 60 + 1) == {}
+    assert not mail.outbox
+
+
+def test_a_notice_is_sent_only_to_a_member_still_in_a_role_it_is_for(caplog):
+    """Checked at send time too, whatever changed the membership (a bulk
+    update sends no signal): another role, no membership, another address,
+    a notice owed before recipients were kept (by address)."""
+    approval, rita = assigned_while_the_broker_is_down("rec-10")
+    (owed,) = ApprovalNotice.objects.all()
+    memberships = Membership.objects.filter(user=rita, tenant=approval.tenant)
+    memberships.update(role="auditor")
+    send_notice.run(owed.pk)  # given up, not retried
+    assert not mail.outbox and not ApprovalNotice.objects.exists()
+    assert f"notice {owed.pk} of approval {approval.pk}" in caplog.text
+    assert rita.email not in caplog.text
+
+    memberships.update(role="reviewer")
+    for changed in (
+        {"recipient": "someone-else@example.com"},
+        {"user": None, "roles": [], "recipient": "nobody@example.com"},
+    ):
+        owed.pk = None
+        for name, value in {"user": rita, "recipient": rita.email, **changed}.items():
+            setattr(owed, name, value)
+        owed.save()
+        send_notice.run(owed.pk)
+        assert not mail.outbox and not ApprovalNotice.objects.exists()
+    # A notice owed before recipients were kept, to a member's address: sent.
+    owed.pk, owed.user, owed.roles, owed.recipient = None, None, [], rita.email
+    owed.save()
+    send_notice.run(owed.pk)
+    assert [m.to for m in mail.outbox] == [[rita.email]]
+
+
+def test_a_role_change_drops_only_what_the_new_role_is_not_for():
+    approval, rita = assigned_while_the_broker_is_down("rec-11")
+    membership_set(
+        tenant=approval.tenant, user=rita, role="compliance_officer",
+        actor=Actor.system("tests"),
+    )  # fmt: skip
+    assert ApprovalNotice.objects.count() == 1  # deciders: still one
+    membership_set(
+        tenant=approval.tenant, user=rita, role="auditor", actor=Actor.system("tests")
+    )
+    assert not ApprovalNotice.objects.exists()
