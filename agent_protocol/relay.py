@@ -28,6 +28,7 @@ from agent_protocol import shapes
 from audit.services import Actor
 from runs import services, streaming
 from runs.crypto import ThreadCipher
+from runs.errors import StateConflict
 from runs.graphs import compile_for, thread_config
 from runs.models import Run, Thread
 
@@ -96,12 +97,15 @@ def _outcome_of(run: Run) -> dict:
 def _cancel(target: Target) -> None:
     run = Run.objects.select_related("thread__tenant").get(pk=target.run_id)
     if run.is_active:
-        services.run_cancel(
-            thread=run.thread,
-            run=run,
-            actor=target.actor,
-            action=Run.CancelAction.INTERRUPT,
-        )
+        try:
+            services.run_cancel(
+                thread=run.thread,
+                run=run,
+                actor=target.actor,
+                action=Run.CancelAction.INTERRUPT,
+            )
+        except StateConflict:
+            pass  # ended meanwhile, or it carries a reviewer's decision
 
 
 async def _outcomes(

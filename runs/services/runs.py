@@ -290,9 +290,47 @@ def _make_room(thread: Thread, *, multitask: str, actor: Actor) -> bool:
             f"a run of thread {thread.thread_id} is queued or running; wait for it",
             code="run_in_progress",
         )
+    _refuse_cancelling_a_decision(thread, active)
     for run in active:
         _cancel(run=run, thread=thread, actor=actor, action=multitask)
     return True
+
+
+def _decision_resumes(thread: Thread, runs) -> list[Run]:
+    """Those of `runs` (active runs of the thread) that carry a reviewer's
+    decision to the agent: resumes whose value answers an approval gate with
+    its settled request's value (the only value runs.gates lets resume a
+    gate). Read only for resumes, on the rare paths that would cancel one."""
+    resumes = [run for run in runs if run.kind == Run.Kind.RESUME and run.resume]
+    if not resumes:
+        return []
+    cipher = ThreadCipher.for_thread(thread)
+    keeper = gates.gatekeeper()
+    carrying = []
+    for run in resumes:
+        value = cipher.decrypt_value(run.resume, row=("run-resume", str(run.id)))
+        if (
+            isinstance(value, Mapping)
+            and value
+            and keeper.decided_resumes(thread, [str(key) for key in value])
+        ):
+            carrying.append(run)
+    return carrying
+
+
+def _refuse_cancelling_a_decision(thread: Thread, runs) -> None:
+    """Nobody but the decision decides what happens at a gate: a run that
+    carries a decision to the agent is not cancelled, whether by another
+    run's multitask strategy or by a cancel (the request would read
+    approved or denied while the agent never saw it). The thread's deletion
+    still stops it (retention, run_cancel_active)."""
+    carrying = _decision_resumes(thread, runs)
+    if carrying:
+        raise StateConflict(
+            f"thread {thread.thread_id} is resuming a reviewer's decision (run "
+            f"{carrying[0].id}); wait for that run to end",
+            code="decision_resuming",
+        )
 
 
 @transaction.atomic
@@ -574,7 +612,8 @@ def _cancel(*, run: Run, thread: Thread, actor: Actor, action: str) -> None:
 
 @transaction.atomic
 def run_cancel(*, thread: Thread, run: Run, actor: Actor, action: str) -> Run:
-    """Cancel a queued or running run of the thread (see `_cancel`)."""
+    """Cancel a queued or running run of the thread (see `_cancel`); a run
+    that carries a reviewer's decision is not (`decision_resuming`)."""
     if action not in Run.CancelAction.values:
         raise InvalidRequest(
             f"action must be one of {', '.join(Run.CancelAction.values)}",
@@ -588,6 +627,7 @@ def run_cancel(*, thread: Thread, run: Run, actor: Actor, action: str) -> Run:
         )
     if run.cancel_action:
         return run  # already being cancelled
+    _refuse_cancelling_a_decision(thread, [run])
     _cancel(run=run, thread=thread, actor=actor, action=action)
     return run
 

@@ -1,0 +1,115 @@
+"""A run that carries a reviewer's decision to the agent is never cancelled by
+a client: not by another run's multitask strategy (`interrupt`, `rollback`),
+which threw the decision away and started over while the request still read
+approved, nor by a cancel. 409 `decision_resuming`; the thread's deletion
+still stops it."""
+
+from __future__ import annotations
+
+import pytest
+
+from approvals.models import ApprovalRequest
+from runs.models import Run, Thread
+from tests.approvals.helpers import waiting_request
+from tests.factories import REFUND_INPUT, api_client, make_api_key, make_tenant
+
+pytestmark = pytest.mark.django_db
+
+
+def _decided(approved: bool = True):
+    """A request decided over the API: its resume run is queued. (approval,
+    resume run, a runs-only client)"""
+    tenant = make_tenant()
+    approval = waiting_request(tenant)
+    _, reviewer = make_api_key(tenant, ["approvals"])
+    _, runs_only = make_api_key(tenant, ["runs"])
+    body = {"approved": approved, "note": "fraud suspected"}
+    decided = api_client(reviewer).post(
+        f"/api/v1/approvals/{approval.pk}/decision", body, format="json"
+    )
+    assert decided.status_code == 200, decided.content
+    (resume,) = Run.objects.filter(thread=approval.thread, kind=Run.Kind.RESUME)
+    assert resume.status == Run.Status.QUEUED
+    return approval, resume, api_client(runs_only)
+
+
+@pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_multitask_run_does_not_cancel_a_decisions_resume(strategy, approved):
+    approval, resume, client = _decided(approved)
+    thread_id = approval.thread.thread_id
+    runs_before = Run.objects.filter(thread=approval.thread).count()
+    refused = client.post(
+        f"/langgraph/threads/{thread_id}/runs",
+        {
+            "assistant_id": "refund",
+            "input": REFUND_INPUT,
+            "multitask_strategy": strategy,
+        },
+        format="json",
+    )
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["code"] == "decision_resuming"
+    assert "decision" in refused.json()["message"]
+    resume.refresh_from_db()
+    assert resume.status == Run.Status.QUEUED and not resume.cancel_action
+    assert Run.objects.filter(thread=approval.thread).count() == runs_before
+    assert Thread.objects.get(pk=approval.thread_id).status == Thread.Status.RUNNING
+    # Queued behind it, the new run waits for the decision to reach the agent.
+    queued = client.post(
+        f"/langgraph/threads/{thread_id}/runs",
+        {
+            "assistant_id": "refund",
+            "input": REFUND_INPUT,
+            "multitask_strategy": "enqueue",
+        },
+        format="json",
+    )
+    assert queued.status_code == 200, queued.content
+    resume.refresh_from_db()
+    assert resume.status == Run.Status.QUEUED
+
+
+def test_a_cancel_of_a_decisions_resume_is_refused():
+    approval, resume, client = _decided()
+    thread_id = approval.thread.thread_id
+    for action in ("interrupt", "rollback"):
+        refused = client.post(
+            f"/langgraph/threads/{thread_id}/runs/{resume.pk}/cancel?action={action}"
+        )
+        assert refused.status_code == 409, refused.content
+        assert refused.json()["code"] == "decision_resuming"
+    # Cancelling the thread's runs passes it by.
+    many = client.post(
+        "/langgraph/runs/cancel", {"thread_id": thread_id}, format="json"
+    )
+    assert many.status_code == 204, many.content
+    resume.refresh_from_db()
+    assert resume.status == Run.Status.QUEUED and not resume.cancel_action
+
+
+def test_deleting_the_thread_still_stops_a_decisions_resume():
+    approval, resume, client = _decided()
+    deleted = client.delete(f"/api/v1/threads/{approval.thread.thread_id}")
+    assert deleted.status_code == 202, deleted.content
+    resume.refresh_from_db()
+    assert resume.status == Run.Status.CANCELLED
+
+
+def test_a_raw_resume_of_an_input_interrupt_can_still_be_cancelled():
+    """Only a decision is protected: a resume the client sent itself is the
+    client's to cancel."""
+    tenant = make_tenant()
+    approval = waiting_request(tenant)
+    ApprovalRequest.objects.filter(pk=approval.pk).delete()  # not a gate's now
+    resume = Run.objects.create(
+        tenant=tenant, thread=approval.thread, kind=Run.Kind.RESUME,
+        agent_version=approval.thread.agent_version, status=Run.Status.QUEUED,
+    )  # fmt: skip
+    _, runs_only = make_api_key(tenant, ["runs"])
+    cancelled = api_client(runs_only).post(
+        f"/langgraph/threads/{approval.thread.thread_id}/runs/{resume.pk}/cancel"
+    )
+    assert cancelled.status_code == 202, cancelled.content
+    resume.refresh_from_db()
+    assert resume.status == Run.Status.CANCELLED
