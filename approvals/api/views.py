@@ -331,13 +331,18 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
                 args=body.get("args"),
                 plan=body.get("plan"),
             )
-            resumed = {"run_id": run.id, "status": run.status} if run else None
-            body = _render(
-                approval,
-                DecisionResultSerializer,
-                decisions=approval.decisions_now,
-                resumed_run=resumed,
-            )
+        # The answer is rendered once the transaction committed (and sent the
+        # resumed run's task, runs.wakeups): from what the decision left in
+        # memory, no row read again, so nothing it shows could have changed;
+        # rendering first held the task back from its worker (~0.3 ms).
+        # With an Idempotency-Key the commit is the wrapper's, after this.
+        resumed = {"run_id": run.id, "status": run.status} if run else None
+        body = _render(
+            approval,
+            DecisionResultSerializer,
+            decisions=approval.decisions_now,
+            resumed_run=resumed,
+        )
         # The answer shows the payload and the note: kept for a replay under
         # the thread's key, shredded with the thread.
         shows_thread_content(request, approval.thread)
