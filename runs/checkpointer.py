@@ -382,6 +382,17 @@ _WRITES_OF_C = (
 )
 
 
+def _thread_where() -> str:
+    """get_tuple's condition on a thread's checkpoints of one namespace (its
+    parameters: the tenant's pk, the thread's id, the namespace). The thread's
+    id is resolved first, so the latest checkpoint comes from a backward scan
+    of its unique index, whatever the thread's length."""
+    return (
+        f"c.thread_id = (SELECT id FROM {_read_tables().thread} WHERE tenant_id = %s "
+        "AND thread_id = %s AND deleted_at IS NULL) AND c.checkpoint_ns = %s"
+    )
+
+
 @lru_cache(maxsize=8)
 def _pg_get_tuple_statement(where: str) -> str:
     """A checkpoint with its blobs and writes as arrays, as PostgresSaver does."""
@@ -1431,13 +1442,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 self._remember_read(row, blobs, writes)
             return self._decrypt_tuple(row, blobs, writes)
         thread_connections.bind(self.using)
-        tables = _read_tables()
-        # The thread's id is resolved first, so the latest checkpoint comes from
-        # a backward scan of its unique index, whatever the thread's length.
-        where = (
-            f"c.thread_id = (SELECT id FROM {tables.thread} WHERE tenant_id = %s "
-            "AND thread_id = %s AND deleted_at IS NULL) AND c.checkpoint_ns = %s"
-        )
+        where = _thread_where()
         params: tuple = (
             self.tenant.pk,
             thread_id,
@@ -1457,22 +1462,64 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             params += (compact_id(checkpoint_id),)
         if self._on_postgres:
             rows = self._query([(_pg_get_tuple_statement(where), params)])[0]
-            if not rows:
-                return None
-            *checkpoint_row, stored_blobs, stored_writes = rows[0]
-            row = _Row.from_sql(checkpoint_row)
-            blobs = {
-                (row.thread_pk, row.ns, channel.decode(), version.decode()): value
-                for channel, version, value in stored_blobs or ()
-            }
-            writes = [
-                (id_text(task_id), int(idx), channel.decode(), path.decode(), value)
-                for task_id, idx, channel, path, value in stored_writes or ()
-            ]
-            if self._remembered:
-                self._remember_read(row, blobs, writes)
-            return self._decrypt_tuple(row, blobs, writes)
+            return self._tuple_of(rows)
         return self._get_tuple_in_steps(where, params)
+
+    def _tuple_of(self, rows: list[tuple]) -> CheckpointTuple | None:
+        """get_tuple's answer from the rows of `_pg_get_tuple_statement`."""
+        if not rows:
+            return None
+        *checkpoint_row, stored_blobs, stored_writes = rows[0]
+        row = _Row.from_sql(checkpoint_row)
+        blobs = {
+            (row.thread_pk, row.ns, channel.decode(), version.decode()): value
+            for channel, version, value in stored_blobs or ()
+        }
+        writes = [
+            (id_text(task_id), int(idx), channel.decode(), path.decode(), value)
+            for task_id, idx, channel, path, value in stored_writes or ()
+        ]
+        if self._remembered:
+            self._remember_read(row, blobs, writes)
+        return self._decrypt_tuple(row, blobs, writes)
+
+    def latest_after(
+        self, thread_id: str, statement: tuple[str, Sequence[Any]]
+    ) -> tuple[list[tuple], DjangoSaver]:
+        """Run `statement` (a read, its SQL and parameters, its rows in text
+        format as a Django cursor returns them), then read the thread's latest
+        root checkpoint as get_tuple does: on Postgres, both in one round trip
+        (a pipeline). Its rows, and this saver answering that checkpoint
+        (`answering`) for a state snapshot of the thread; on another
+        database, or a thread with no checkpoint, the rows and this saver,
+        which reads the checkpoint when asked."""
+        if not self._on_postgres:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(*statement)
+                return cursor.fetchall(), self
+        thread_connections.bind(self.using)
+        where = _thread_where()
+        params = (self.tenant.pk, str(thread_id), ROOT_NS)
+        connection = connections[self.using]
+        # `statement` through a Django cursor (logged, wrapped as any query),
+        # the checkpoint's as get_tuple reads it; one Sync for both, sent when
+        # the pipeline ends: Postgres runs them in order, each with its own
+        # snapshot, as two statements. Their errors raised as Django's.
+        with connection.cursor() as first:
+            pgconn = connection.connection
+            with psycopg.Cursor(pgconn) as head, connection.wrap_database_errors:
+                with pgconn.pipeline():
+                    first.execute(*statement)
+                    head.execute(
+                        _pg_get_tuple_statement(where),
+                        params,
+                        binary=True,
+                        prepare=True,
+                    )
+                rows = first.fetchall()
+                head_rows = head.fetchall()
+        saved = self._tuple_of(head_rows)
+        return rows, self if saved is None else self.answering(saved)
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]

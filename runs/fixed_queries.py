@@ -154,6 +154,16 @@ class FixedQuery:
         with connection.cursor() as cursor:
             cursor.execute(compiled.sql, params)
             rows = cursor.fetchall()
+        return self._objects(compiled, rows, using)
+
+    def objects(self, rows: list[tuple], *, using: str = DEFAULT_DB_ALIAS) -> list:
+        """The objects of the rows `statement()` returned, run by the caller
+        (with other statements: runs.checkpointer's latest_after), in text
+        format as a Django cursor returns them: what calling the query answers."""
+        return self._objects(self._compiled_for(using), rows, using)
+
+    @staticmethod
+    def _objects(compiled: _Compiled, rows: list[tuple], using: str) -> list:
         if compiled.converters:
             rows = compiled.compiler.apply_converters(rows, compiled.converters)
         objects = []

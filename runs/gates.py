@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.graph import END
 
 from runs import registry
@@ -166,6 +167,7 @@ def check_resume(
     graph,
     resume: Any,
     settled: Mapping[str, Any] | None = None,
+    saver=None,
 ) -> None:
     """Refuse a resume that would continue a gate other than with the value
     its request was decided with.
@@ -184,10 +186,17 @@ def check_resume(
     those interrupts, so they are not read back. The pending interrupts are
     read from the checkpoint all the same: the rule holds for a value that
     names an interrupt the thread no longer waits on.
+
+    `saver`: the checkpoint saver the state is read through, if not the
+    graph's (one that answers the thread's latest checkpoint, read already
+    in this transaction: runs.checkpointer's latest_after).
     """
+    config = thread_config(thread)
+    if saver is not None:
+        config["configurable"][CONFIG_KEY_CHECKPOINTER] = saver
     pending = {
         interrupt.id: interrupt.value
-        for interrupt in graph.get_state(thread_config(thread)).interrupts
+        for interrupt in graph.get_state(config).interrupts
     }
     if (
         isinstance(resume, Mapping)
