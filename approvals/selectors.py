@@ -25,13 +25,22 @@ _DECISIONS = FixedQuery(
 )
 
 
-def decisions_of(request: ApprovalRequest) -> list[Decision]:
+def decisions_of(
+    request: ApprovalRequest, read: list[Decision] | None = None
+) -> list[Decision]:
     """`request.decisions.all()`, each decision pointing at `request` (as the
-    related manager's would)."""
-    decisions = _DECISIONS(request.pk)
+    related manager's would). `read`: what `decisions_query(request.pk)`
+    answered, run by the caller in this transaction after it locked the
+    request (with the lock: runs.fixed_queries.together)."""
+    decisions = _DECISIONS(request.pk) if read is None else read
     for decision in decisions:
         decision.request = request
     return decisions
+
+
+def decisions_query(request_id: uuid.UUID) -> tuple:
+    """The read of decisions_of, as a call for runs.fixed_queries.together."""
+    return _DECISIONS, (request_id,)
 
 
 def approval_view(

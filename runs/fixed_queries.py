@@ -142,15 +142,19 @@ class FixedQuery:
         compiled = self._compiled_for(using)
         return compiled.sql, self._params(compiled, arguments, connections[using])
 
-    def __call__(self, *arguments: Any, using: str = DEFAULT_DB_ALIAS) -> list:
-        connection = connections[using]
-        compiled = self._compiled_for(using)
+    def _checked_params(self, compiled: _Compiled, arguments: tuple, connection):
         params = self._params(compiled, arguments, connection)
         if compiled.locks and connection.get_autocommit():
             # What Django's compiler says of a lock outside a transaction.
             raise TransactionManagementError(
                 "select_for_update cannot be used outside of a transaction."
             )
+        return params
+
+    def __call__(self, *arguments: Any, using: str = DEFAULT_DB_ALIAS) -> list:
+        connection = connections[using]
+        compiled = self._compiled_for(using)
+        params = self._checked_params(compiled, arguments, connection)
         with connection.cursor() as cursor:
             cursor.execute(compiled.sql, params)
             rows = cursor.fetchall()
@@ -177,6 +181,40 @@ class FixedQuery:
                 setattr(obj, name, row[position])
             objects.append(obj)
         return objects
+
+
+def together(
+    *calls: tuple[FixedQuery, tuple], using: str = DEFAULT_DB_ALIAS
+) -> list[list]:
+    """What each call (a query and its arguments) answers, their statements
+    run in order, each with its own snapshot, as one by one; on Postgres in
+    one round trip (a pipeline: one Sync), through Django's cursors (logged,
+    their errors raised as Django's). A statement after a lock runs once the
+    lock is taken: it sees what the lock's previous holder committed."""
+    connection = connections[using]
+    compiled = [query._compiled_for(using) for query, _ in calls]
+    params = [
+        query._checked_params(each, arguments, connection)
+        for (query, arguments), each in zip(calls, compiled, strict=True)
+    ]
+    if connection.vendor != "postgresql":
+        return [query(*arguments, using=using) for query, arguments in calls]
+    with connection.cursor() as first:
+        pgconn = connection.connection
+        cursors = [first, *(connection.cursor() for _ in calls[1:])]
+        try:
+            with connection.wrap_database_errors:
+                with pgconn.pipeline():
+                    for cursor, each, values in zip(cursors, compiled, params, strict=True):
+                        cursor.execute(each.sql, values)
+                rows = [cursor.fetchall() for cursor in cursors]
+        finally:
+            for cursor in cursors[1:]:
+                cursor.close()
+    return [
+        FixedQuery._objects(each, answer, using)
+        for each, answer in zip(compiled, rows, strict=True)
+    ]
 
 
 def _db_value(value: Any, connection) -> Any:

@@ -22,13 +22,13 @@ from approvals.api.serializers import (
     DecisionResultSerializer,
 )
 from approvals.models import ApprovalRequest
-from approvals.selectors import approval_view
+from approvals.selectors import approval_view, decisions_query
 from approvals.services import Reviewer, approval_decide, approval_read
 from runs import permissions
 from runs.api.idempotency import IdempotentWrites, shows_thread_content
 from runs.api.serializers import ErrorSerializer, represent
 from runs.api.views import actor_for, validated
-from runs.fixed_queries import FixedQuery
+from runs.fixed_queries import FixedQuery, together
 from runs.models import Scope
 
 
@@ -306,7 +306,12 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
         # payload and the decisions (a read like the detail's, besides the
         # decision itself), recorded with the decision, in its statement.
         with transaction.atomic():
-            found = _LOCKED_REQUEST(request.principal.tenant.pk, approval_id)
+            # The request's decisions read with the lock, in one round trip,
+            # once it is taken (used only if the request is found pending).
+            found, decisions = together(
+                (_LOCKED_REQUEST, (request.principal.tenant.pk, approval_id)),
+                decisions_query(approval_id),
+            )
             locked = bool(found)
             if not locked:
                 # Not pending (or not there): approval_decide locks the row
@@ -324,6 +329,7 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
             approval, run = approval_decide(
                 approval=approval,
                 already_locked=locked,
+                decisions=decisions if locked else None,
                 read_by=actor_for(request),
                 reviewer=reviewer,
                 approved=body["approved"],

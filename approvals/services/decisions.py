@@ -100,6 +100,7 @@ def approval_decide(
     seen_args: dict[str, Any] | None = None,
     already_locked: bool = False,
     read_by: Actor | None = None,
+    decisions: list[Decision] | None = None,
 ) -> tuple[ApprovalRequest, Run | None]:
     """Record one decision; the one that settles the request resumes the run.
 
@@ -121,7 +122,9 @@ def approval_decide(
     read `approval` and its thread locked (approvals.services.lifecycle.
     locked_pending) in this transaction, with their tenants. `read_by`: the caller answers with the request's
     content (the API's decision): its `approval.read` is recorded with the
-    decision's event, in its statement.
+    decision's event, in its statement. `decisions`, with `already_locked`:
+    the request's decisions, read in this transaction after its lock
+    (approvals.selectors.decisions_query), not read again.
     """
     note = (note or "").strip()
     if not approved and not note:
@@ -133,7 +136,7 @@ def approval_decide(
     request = locked_pending(approval, already_locked=already_locked)
     cipher = ThreadCipher.for_thread(request.thread)
     original = payload_of(request, cipher)["args"]
-    earlier = decisions_of(request)
+    earlier = decisions_of(request, decisions if already_locked else None)
     current = current_args(original, earlier, cipher)
     if seen_args is not None and jsonable(current) != seen_args:
         raise RequestChanged(seen_args, jsonable(current))

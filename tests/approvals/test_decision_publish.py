@@ -1,8 +1,12 @@
-"""The decision's resumed run is sent to its worker before the decision's
-answer is rendered: the worker waits for the task, the answer's rendering
-needs nothing that the commit could change."""
+"""What stands between a decision and its resumed run's worker: the
+request's lock and the read of its decisions are one round trip, and the
+run's task is sent before the decision's answer is rendered (the worker
+waits for the task; the answer's rendering needs nothing that the commit
+could change)."""
 
 import pytest
+from django.db import connection
+from psycopg import pq
 
 from approvals.api import views
 from runs import dispatch
@@ -47,3 +51,34 @@ def test_the_resumed_runs_task_is_sent_before_the_answer_is_rendered(
         # The reservation, the work and the stored answer commit together:
         # the answer is rendered (and stored) before the commit sends the task.
         assert order == [("rendered", None), ("sent", dispatch.EXECUTE_RUN)]
+
+
+def test_the_request_is_locked_and_its_decisions_read_in_one_round_trip(tmp_path):
+    tenant = make_tenant()
+    approval = waiting_request(tenant)
+    _, secret = make_api_key(tenant, ["approvals"])
+    client = api_client(secret)
+    client.get("/api/v1/approvals")  # the key verified
+    trace = tmp_path / "trace"
+    with open(trace, "w") as file:
+        pgconn = connection.connection.pgconn
+        pgconn.trace(file.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            response = client.post(
+                f"/api/v1/approvals/{approval.pk}/decision",
+                {"approved": True, "reviewer": "ops"},
+                format="json",
+            )
+        finally:
+            pgconn.untrace()
+    assert response.status_code == 200, response.content
+    sent = [line for line in trace.read_text().splitlines() if line.startswith("F\t")]
+    lock = next(i for i, line in enumerate(sent) if "FOR NO KEY UPDATE OF" in line)
+    insert = next(
+        i for i, line in enumerate(sent) if 'INSERT INTO "approvals_decision"' in line
+    )
+    between = sent[lock:insert]
+    # The decisions' read was sent with the lock, and both end at one Sync.
+    assert sum('FROM "approvals_decision"' in line for line in between) == 1
+    assert sum(line.endswith("\tSync") for line in between) == 1, between
