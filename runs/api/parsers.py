@@ -1,7 +1,12 @@
 """JSON in and out of the API, with what no view can cope with stopped at the
 boundary.
 
-In: `StrictJSONParser` refuses, with a 400 that names where in the body:
+In: `StrictJSONParser` reads the body as UTF-8, the one encoding of JSON
+(RFC 8259 §8.1): a Content-Type naming another charset is refused with a 415
+before anything is decoded (Python would otherwise decode with any codec it
+has by that name, `bz2` and `zlib_codec` among them: a few hundred bytes
+inflating to hundreds of megabytes behind the body size limit). Then it
+refuses, with a 400 that names where in the body:
 
 - nesting deeper than MAX_DEPTH: Python's recursion limit would turn a
   1,000-deep document into a 500, and nothing Gatehouse stores is that deep;
@@ -19,12 +24,11 @@ everyone.
 
 from __future__ import annotations
 
-import codecs
 import json
 import math
 from typing import Any
 
-from django.conf import settings
+from django.utils.http import parse_header_parameters
 from rest_framework import exceptions
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import JSONParser
@@ -34,6 +38,29 @@ from rest_framework.settings import api_settings
 MAX_DEPTH = 32
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 UNREADABLE_NUMBER = {"unreadable": "not a finite number"}
+# The charsets a JSON body may declare (any case): UTF-8's name, and the
+# spelling without the hyphen that clients send too.
+UTF_8_NAMES = frozenset({"utf-8", "utf8"})
+
+
+def declared_charset(media_type: str | None) -> str | None:
+    """The charset a Content-Type names, or None when it names none."""
+    _, params = parse_header_parameters(media_type or "")
+    return params.get("charset")
+
+
+def check_charset(media_type: str | None) -> None:
+    """A 415 for a body declared in a charset other than UTF-8."""
+    charset = declared_charset(media_type)
+    if charset is not None and charset.strip().lower() not in UTF_8_NAMES:
+        shown = charset if len(charset) <= 40 else charset[:40] + "..."
+        raise exceptions.UnsupportedMediaType(
+            media_type,
+            detail=(
+                f'The body\'s charset "{shown}" is not accepted: a JSON body is '
+                "UTF-8 (RFC 8259); send no charset or charset=utf-8."
+            ),
+        )
 
 
 def _join(path: str, key: Any) -> str:
@@ -68,10 +95,13 @@ def unsafe_value(data: Any) -> tuple[str, str] | None:
 
 class StrictJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
-        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        # Never the request's encoding (DRF's parser_context["encoding"]):
+        # Django takes any codec Python has as the charset.
+        check_charset(media_type)
         try:
-            # NaN and Infinity read as floats here, to be named below.
-            data = json.load(codecs.getreader(encoding)(stream), parse_constant=float)
+            # UTF-8, strictly (an invalid byte is a 400); NaN and Infinity
+            # read as floats here, to be named below.
+            data = json.loads(stream.read().decode("utf-8"), parse_constant=float)
         except RecursionError:
             raise exceptions.ParseError(
                 f"The JSON body is nested deeper than {MAX_DEPTH} levels."

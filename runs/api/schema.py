@@ -35,6 +35,8 @@ ERRORS = {
     "(`idempotency_in_progress`).",
     "413": "The body is larger than `GATEHOUSE_MAX_BODY_BYTES` "
     "(`payload_too_large`); nothing of it was read.",
+    "415": "The body is not JSON in UTF-8: another media type, or a `charset` "
+    "other than `utf-8` (`unsupported_media_type`); nothing of it was decoded.",
     "429": "Too many requests for this key or person (`throttled`): retry after "
     "the `Retry-After` seconds.",
     "503": "The database or the broker is briefly unavailable "
@@ -82,7 +84,7 @@ class GatehouseAutoSchema(AutoSchema):
         if self.method in UNSAFE and not getattr(self.view, "idempotency_exempt", ""):
             codes.append("409")
         if "requestBody" in operation:
-            codes.append("413")
+            codes += ["413", "415"]
         if operation.get("security"):
             codes.append("429")
         codes.append("503")  # any operation, during an outage (runs.outages)

@@ -142,3 +142,93 @@ def test_the_refund_agent_never_stores_an_amount_of_1e400():
     assert client.get("/api/v1/threads/case-1").status_code == 200
     # No run, no checkpoint: the state is not found, as for any new thread.
     assert client.get("/api/v1/threads/case-1/state").status_code == 404
+
+
+# --- the body's charset: UTF-8 only (RFC 8259 §8.1) ----------------------------------
+
+THREAD_CREATES = [
+    ("/api/v1/threads", {"thread_id": "case-1", "agent": "echo"}),
+    ("/langgraph/threads", {"thread_id": "case-1"}),
+]
+
+
+@pytest.mark.parametrize("path,body", THREAD_CREATES)
+@pytest.mark.parametrize("codec", ["bz2", "zlib_codec", "base64", "hex", "quopri"])
+def test_a_body_declared_in_a_compressing_codec_is_415_and_never_inflated(
+    path, body, codec
+):
+    """Python's codecs by these names decompress or unwrap bytes: the body
+    below, a valid thread create once decoded, was created from a few hundred
+    bytes sent (a bz2 bomb inflated to 858 MB past the 1 MB limit). It is
+    refused before anything is decoded, on both APIs."""
+    import codecs
+
+    tenant, client = tenant_with_client()
+    packed = codecs.encode(json.dumps(body).encode(), codec)
+    response = client.generic(
+        "POST", path, packed, content_type=f"application/json; charset={codec}"
+    )
+    assert response.status_code == 415, response.content
+    error = response.json()
+    assert error["code"] == "unsupported_media_type"
+    assert f'charset "{codec}"' in error["message"] and "UTF-8" in error["message"]
+    assert not Thread.objects.filter(tenant=tenant).exists()
+
+
+@pytest.mark.parametrize("path,body", THREAD_CREATES)
+@pytest.mark.parametrize(
+    "charset", ["rot13", "utf-16", "utf-32", "latin-1", "idna", "unicode_escape", "x"]
+)
+def test_a_body_declared_in_another_text_charset_is_415(path, body, charset):
+    """rot13 and the like answered 500; a text charset other than UTF-8 was
+    decoded with it. JSON is UTF-8: any other is refused by its name."""
+    tenant, client = tenant_with_client()
+    response = client.generic(
+        "POST",
+        path,
+        json.dumps(body).encode(),
+        content_type=f"application/json; charset={charset}",
+    )
+    assert response.status_code == 415, response.content
+    assert response.json()["code"] == "unsupported_media_type"
+    assert not Thread.objects.filter(tenant=tenant).exists()
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/json; charset=UTF-8",
+        'application/json; charset="utf-8"',
+        "application/json;charset=utf8",
+        "application/json; charset=UTF8",
+    ],
+)
+def test_a_utf8_body_is_read_with_or_without_its_charset(content_type):
+    tenant, client = tenant_with_client()
+    body = '{"thread_id": "caf\u00e9-1", "agent": "echo"}'
+    response = client.generic(
+        "POST", "/api/v1/threads", body.encode(), content_type=content_type
+    )
+    # "café-1" is no thread id: the body was read, and its id checked.
+    assert response.status_code == 400, response.content
+    assert list(response.json()["fields"]) == ["thread_id"]
+    ok = '{"thread_id": "t-1", "agent": "refund", "metadata": {"order_id": "\u00e9-1"}}'
+    response = client.generic(
+        "POST", "/api/v1/threads", ok.encode(), content_type=content_type
+    )
+    assert response.status_code == 201, response.content
+    assert response.json()["metadata"] == {"order_id": "\u00e9-1"}
+
+
+def test_a_body_that_is_not_utf8_is_a_400():
+    """Latin-1 bytes under no charset (or utf-8): a parse error, not read in
+    another encoding."""
+    _, client = tenant_with_client()
+    body = '{"agent": "echo", "metadata": {"n": "\u00e9"}}'.encode("latin-1")
+    response = client.generic(
+        "POST", "/api/v1/threads", body, content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert response.json()["code"] == "parse_error"
