@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import EmailMessage
+from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 
 from approvals.models import ApprovalNotice, ApprovalRequest
@@ -155,7 +155,8 @@ def send_owed(owed) -> ApprovalNotice | None:
     never both send it: the other skips it while it is locked and finds it
     gone after. A send that fails (the mail server down, or refusing for
     now) rolls the transaction back and raises: the notice stays owed; one
-    the server refuses for good is deleted and NoticeGivenUp raised, and so
+    the server refuses for good, or whose subject Django refuses as a header
+    (BadHeaderError), is deleted and NoticeGivenUp raised, and so
     is one whose recipient is no longer an active member of the tenant with
     a role it is for (still_addressed), unsent. The one window
     is a sender that dies, or loses its database, after the mail server took
@@ -182,7 +183,8 @@ def send_owed(owed) -> ApprovalNotice | None:
 
 def _mail_owed(row: ApprovalNotice) -> NoticeGivenUp | None:
     """Send the (locked) notice and delete it, in the caller's transaction;
-    the give-up, if the mail server refused it for good."""
+    the give-up, if the mail server refused it for good or Django its
+    subject as a header."""
     try:
         mail(row.subject, row.body, row.recipient)
     except smtplib.SMTPException as error:
@@ -191,6 +193,11 @@ def _mail_owed(row: ApprovalNotice) -> NoticeGivenUp | None:
         # Sent again it would be refused again, at every sweep, its
         # address kept: given up in this transaction, then said.
         return _give_up(row, f"refused by the mail server ({_code(error)})")
+    except BadHeaderError:
+        # A header Django will not write (a newline in the subject: a thread
+        # id stored before ids were matched whole). It would be refused at
+        # every send, as a 5xx is: given up the same way.
+        return _give_up(row, "its subject cannot be a mail header (a newline)")
     # By pk: the row is ours (locked) and already read.
     ApprovalNotice.objects.filter(pk=row.pk).delete()
     return None
@@ -242,8 +249,8 @@ def _first_free(owed) -> ApprovalNotice | None:
 
 
 class NoticeGivenUp(Exception):
-    """A notice deleted unsent: the mail server refused it for good, or it
-    was owed past NOTICE_MAX_AGE."""
+    """A notice deleted unsent: the mail server refused it for good, its
+    subject cannot be a header, or it was owed past NOTICE_MAX_AGE."""
 
 
 def _give_up(row: ApprovalNotice, why: str) -> NoticeGivenUp:

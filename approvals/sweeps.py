@@ -159,7 +159,8 @@ def _send_owed_notices(sweep: Sweep, result: SweepResult) -> None:
     still fails. Each in a transaction of its own (send_owed): one sent is
     never sent again for a later one's failure. One that fails (the mail
     server down) is counted as an error and tried again by the next sweep;
-    one the mail server refuses for good, or owed past NOTICE_MAX_AGE, is
+    one the mail server refuses for good (or Django, its subject as a header),
+    or owed past NOTICE_MAX_AGE, is
     given up (deleted, logged by its ids: notices_given_up)."""
     owed = owed_before(sweep.now - NOTICE_GRACE)
     cursor = None

@@ -21,13 +21,13 @@ from django.utils import formats, timezone
 COOKIE = "gatehouse_tz"
 ADMIN_PATH = "/admin/"
 # IANA names: "Europe/Paris", "America/Argentina/Buenos_Aires", "Etc/GMT+5".
-_ZONE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}$")
+_ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}")  # fullmatch
 
 
 @functools.lru_cache(maxsize=256)
 def reader_zone(name: str) -> zoneinfo.ZoneInfo | None:
     """The zone a cookie names, or None for anything that is not one."""
-    if len(name) > 64 or not _ZONE_NAME.match(name):
+    if len(name) > 64 or not _ZONE_NAME.fullmatch(name):
         return None
     try:
         return zoneinfo.ZoneInfo(name)

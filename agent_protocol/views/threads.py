@@ -34,7 +34,7 @@ from runs.errors import InvalidRequest, StateConflict
 from runs.models import Thread
 
 # Metadata keys a search may filter on: a JSON key, never a lookup path.
-METADATA_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+METADATA_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # fullmatch
 SORT_FIELDS = {
     "thread_id": "thread_id",
     "status": "status",
@@ -126,7 +126,7 @@ def filtered_threads(request, body: dict):
             threads = threads.filter(agent_name=resolved.name)
             if resolved.version:
                 threads = threads.filter(agent_version=resolved.version)
-        elif not METADATA_KEY_RE.match(key) or "__" in key:
+        elif not METADATA_KEY_RE.fullmatch(key) or "__" in key:
             raise InvalidRequest(f"{key!r} is not a metadata key", field="metadata")
         elif isinstance(value, dict | list):
             raise InvalidRequest(

@@ -35,7 +35,9 @@ from runs.models import Run, Tenant, Thread
 
 logger = logging.getLogger(__name__)
 
-THREAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$")
+# Matched whole (fullmatch): with re.match, "$" also matches before a final
+# newline, and "case-9\n" passed (a 500 once it reached a header).
+THREAD_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
 # Metadata key an agent's client uses to tag the data subject of a thread; it
 # is kept only as a keyed hash (a blind index) for deletion requests.
 SUBJECT_KEY = "subject"
@@ -198,7 +200,7 @@ def run_metadata(thread: Thread, metadata: dict[str, Any] | None) -> dict:
 
 
 def _check_thread_id(thread_id: str) -> None:
-    if not THREAD_ID_RE.match(thread_id):
+    if not THREAD_ID_RE.fullmatch(thread_id):
         raise InvalidRequest(
             "use 1 to 255 letters, digits, '.', '_', ':' or '-', starting with a "
             "letter or digit",

@@ -4,7 +4,7 @@ rejoin, resume of an input interrupt, cancel, multitask strategies."""
 from __future__ import annotations
 
 import pytest
-from langgraph_sdk.errors import ConflictError
+from langgraph_sdk.errors import BadRequestError, ConflictError
 
 from runs.models import Run, Thread
 from tests.workers import wait_for
@@ -198,3 +198,17 @@ def test_run_on_a_missing_thread_creates_it_when_asked(sdk):
     )
     assert output["echoed"] == "x"
     assert Thread.objects.get(thread_id="made-by-the-run").agent_name == "echo"
+
+
+def test_a_run_never_creates_a_thread_whose_id_ends_in_a_newline(sdk):
+    """if_not_exists="create" on /threads/case-9%0A/runs created the thread,
+    queued its run, then answered 500 (the id in Content-Location: a header
+    cannot hold a newline). The id is matched whole now: 400, nothing made."""
+    client = sdk()
+    with pytest.raises(BadRequestError) as refused:
+        client.runs.create(
+            "case-9\n", "echo", input={"text": "x"}, if_not_exists="create"
+        )
+    assert "thread_id" in refused.value.body["fields"]
+    assert not Thread.objects.filter(tenant=client.tenant).exists()
+    assert not Run.objects.filter(thread__tenant=client.tenant).exists()

@@ -68,6 +68,15 @@ def test_thread_create_if_exists(sdk):
     assert refused.value.status_code == 409
 
 
+def test_a_search_by_a_metadata_key_ending_in_a_newline_is_refused(sdk):
+    """The key is matched whole: "channel\\n" passed a `^...$` matched with
+    re.match ("$" matches before a final newline)."""
+    client = sdk()
+    with pytest.raises(BadRequestError) as refused:
+        client.threads.search(metadata={"channel\n": "web"})
+    assert "metadata" in refused.value.body["fields"]
+
+
 def test_metadata_the_agent_does_not_declare_safe_is_refused(sdk):
     client = sdk()
     with pytest.raises(BadRequestError) as refused:

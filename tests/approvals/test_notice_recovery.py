@@ -41,10 +41,13 @@ def sweep_after(minutes: float) -> dict:
         return dict(job_run("escalate_approvals").totals)
 
 
-def assigned_while_the_broker_is_down(case: str):
+def assigned_while_the_broker_is_down(case: str, stored_as: str = ""):
     """A request assigned to a reviewer while no message can be sent: its
-    notice is owed and its task never runs. (approval, reviewer)"""
+    notice is owed and its task never runs. (approval, reviewer) `stored_as`:
+    the thread's id as an older release may have stored it."""
     approval, officer, rita = desk(case, f"cora-{case}", f"rita-{case}")
+    if stored_as:
+        Thread.objects.filter(pk=approval.thread_id).update(thread_id=stored_as)
     # Waiting on the request, as a run does (else the sweep closes it), and
     # due in days: the sweep's only work here is the notice.
     Thread.objects.filter(pk=approval.thread_id).update(
@@ -263,3 +266,25 @@ def test_a_role_change_drops_only_what_the_new_role_is_not_for():
         tenant=approval.tenant, user=rita, role="auditor", actor=Actor.system("tests")
     )
     assert not ApprovalNotice.objects.exists()
+
+
+def test_a_notice_whose_subject_cannot_be_a_header_is_given_up(caplog):
+    """A thread id stored before ids were matched whole can end in a newline:
+    its notice's subject is a header Django refuses (BadHeaderError, no
+    SMTPException), at every send. The task gives it up, as a 5xx refusal,
+    instead of raising; nothing is sent, and nothing is left for the sweep
+    to fail on at every run until it ages out."""
+    approval, rita = assigned_while_the_broker_is_down("rec-12", stored_as="rec-12\n")
+    (owed,) = ApprovalNotice.objects.all()
+    send_notice.run(owed.pk)  # no exception: nothing for Celery to retry
+    assert not ApprovalNotice.objects.exists() and not mail.outbox
+    assert f"notice {owed.pk} of approval {approval.pk}" in caplog.text
+    assert rita.email not in caplog.text
+
+
+def test_the_sweep_gives_up_a_notice_whose_subject_cannot_be_a_header():
+    assigned_while_the_broker_is_down("rec-13", stored_as="rec-13\n")
+    minutes = NOTICE_GRACE.total_seconds() / 60 + 1
+    assert sweep_after(minutes) == {"notices_given_up": 1}
+    assert sweep_after(minutes + 5) == {}
+    assert not ApprovalNotice.objects.exists() and not mail.outbox
