@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from rest_framework import exceptions, status
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agent_protocol.access import AUTHENTICATION, PERMISSIONS
 from runs import permissions, selectors
 from runs.api.errors import ApiError
+from runs.api.parsers import SafeJSONRenderer
 from runs.models import Run, Scope, Thread
 
 
@@ -48,7 +48,7 @@ class ProtocolView(APIView):
         return run
 
 
-class EventStreamRenderer(JSONRenderer):
+class EventStreamRenderer(SafeJSONRenderer):
     """Lets a client that accepts only text/event-stream reach a streaming
     view; an error before the stream starts is still the JSON error body."""
 
@@ -56,7 +56,7 @@ class EventStreamRenderer(JSONRenderer):
 
 
 class StreamingView(ProtocolView):
-    renderer_classes = [JSONRenderer, EventStreamRenderer]
+    renderer_classes = [SafeJSONRenderer, EventStreamRenderer]
 
 
 class NotSupported(ApiError):

@@ -14,18 +14,25 @@ refuses, with a 400 that names where in the body:
   infinity): JSON has no such numbers, and a stored one would break every
   later rendering of the thread;
 - integers outside 64 bits: MessagePack (the checkpoint store's format) and
-  Postgres stop there.
+  Postgres stop there;
+- a lone surrogate (`"\\ud800"`) in a string or a key: JSON's `\\u` escapes
+  can spell one and json.loads reads it, but it is no character: UTF-8,
+  Postgres and every renderer refuse it (a DataError, a TypeError, an
+  unrenderable 400 had each answered 500).
 
 Out: `SafeJSONRenderer` renders a value that JSON cannot hold (a non-finite
-number an agent produced itself) as `{"unreadable": "..."}` instead of failing
-the whole response, so one odd value never makes a page answer 500 for
+number an agent produced itself) as `{"unreadable": "..."}`, and a text UTF-8
+cannot hold (a lone surrogate) \\u-escaped, instead of failing the whole
+response, so one odd value never makes a page answer 500 for
 everyone.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import re
 from typing import Any
 
 from django.utils.http import parse_header_parameters
@@ -63,6 +70,13 @@ def check_charset(media_type: str | None) -> None:
         )
 
 
+# A lone surrogate in decoded text (a pair, "\\ud83d\\ude00", decodes to one
+# character); in the body's text, the escape that can make one (also a false
+# alarm for an escaped backslash before "ud8..", sorted out by the walk).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _join(path: str, key: Any) -> str:
     if isinstance(key, int):
         return f"{path}[{key}]" if path else f"[{key}]"
@@ -93,6 +107,31 @@ def unsafe_value(data: Any) -> tuple[str, str] | None:
     return None
 
 
+def _shown(key: str) -> str:
+    """A key as a field name the error body can render: its lone
+    surrogates \\u-escaped."""
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def lone_surrogate(data: Any) -> str | None:
+    """Where in `data` the first string or key holding a lone surrogate is,
+    or None."""
+    stack = [(data, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return path or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return _join(path, _shown(key))
+                stack.append((item, _join(path, key)))
+        elif isinstance(value, list):
+            stack.extend((item, _join(path, i)) for i, item in enumerate(value))
+    return None
+
+
 class StrictJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
         # Never the request's encoding (DRF's parser_context["encoding"]):
@@ -101,13 +140,24 @@ class StrictJSONParser(JSONParser):
         try:
             # UTF-8, strictly (an invalid byte is a 400); NaN and Infinity
             # read as floats here, to be named below.
-            data = json.loads(stream.read().decode("utf-8"), parse_constant=float)
+            text = stream.read().decode("utf-8")
+            data = json.loads(text, parse_constant=float)
         except RecursionError:
             raise exceptions.ParseError(
                 f"The JSON body is nested deeper than {MAX_DEPTH} levels."
             ) from None
         except ValueError as exc:
             raise exceptions.ParseError(f"JSON parse error - {exc}") from None
+        where = _SURROGATE_ESCAPE.search(text) and lone_surrogate(data)
+        if where:
+            raise exceptions.ValidationError(
+                {
+                    where: [
+                        f"{where} holds a lone surrogate (an unpaired \\ud800-"
+                        "\\udfff escape), which is no character."
+                    ]
+                }
+            )
         problem = unsafe_value(data)
         if problem is not None:
             where, what = problem
@@ -129,9 +179,14 @@ class SafeJSONRenderer(JSONRenderer):
     def render(self, data, accepted_media_type=None, renderer_context=None):
         try:
             return super().render(data, accepted_media_type, renderer_context)
-        except ValueError:  # a non-finite number: render the rest
-            return super().render(
-                _renderable(data), accepted_media_type, renderer_context
+        except ValueError:
+            # A non-finite number (rendered as unreadable), or a lone
+            # surrogate UTF-8 cannot encode (rendered \\u-escaped, as
+            # ensure_ascii writes every character past ASCII): the rest as is.
+            fallback = copy.copy(self)
+            fallback.ensure_ascii = True
+            return JSONRenderer.render(
+                fallback, _renderable(data), accepted_media_type, renderer_context
             )
 
 

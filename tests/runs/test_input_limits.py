@@ -232,3 +232,76 @@ def test_a_body_that_is_not_utf8_is_a_400():
     )
     assert response.status_code == 400
     assert response.json()["code"] == "parse_error"
+
+
+# --- lone surrogates: a \u escape JSON can spell, no character ----------------------
+
+LONE = "x\ud800y"  # json.dumps writes it as "x\ud800y", json.loads reads it back
+
+
+def lone_surrogate_bodies(thread_id: str):
+    """(path, body, the field named): each answered 500 before (a DataError
+    storing metadata, a TypeError hashing a resume key, a 400 echoing a
+    choice its renderer then failed on)."""
+    yield "/api/v1/threads", {"agent": "refund", "metadata": {"order_id": LONE}}, (
+        "metadata.order_id"
+    )
+    yield "/api/v1/threads", {"agent": "refund", "metadata": {LONE: "x"}}, (
+        "metadata.x\\ud800y"
+    )
+    yield f"/api/v1/threads/{thread_id}/resume", {"resume": {LONE: LONE}}, (
+        "resume.x\\ud800y"
+    )
+    for field in ("multitask_strategy", "if_not_exists", "on_disconnect", "durability"):
+        yield (
+            f"/langgraph/threads/{thread_id}/runs",
+            {"assistant_id": "refund", field: LONE},
+            field,
+        )
+    yield "/langgraph/threads", {"metadata": {"a": [1, {"b": "\udfff"}]}}, (
+        "metadata.a[1].b"
+    )
+
+
+def test_a_lone_surrogate_anywhere_in_a_body_is_a_400_naming_it():
+    tenant, client = tenant_with_client()
+    approval = waiting_request(tenant)
+    thread_id = approval.thread.thread_id
+    threads, runs = Thread.objects.count(), Run.objects.count()
+    for path, body, field in lone_surrogate_bodies(thread_id):
+        response = post_raw(client, path, json.dumps(body))
+        assert fields_of(response) == {
+            field: [
+                f"{field} holds a lone surrogate (an unpaired \\ud800-\\udfff "
+                "escape), which is no character."
+            ]
+        }, path
+    assert (Thread.objects.count(), Run.objects.count()) == (threads, runs)
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_read():
+    """A pair is one character (an emoji); "\\\\ud800" is a backslash and text."""
+    _, client = tenant_with_client()
+    body = '{"agent": "refund", "metadata": {"order_id": "\\ud83d\\ude00 \\\\ud800"}}'
+    response = post_raw(client, "/api/v1/threads", body)
+    assert response.status_code == 201, response.content
+    assert response.json()["metadata"] == {"order_id": "\U0001f600 \\ud800"}
+
+
+def test_the_renderer_escapes_a_lone_surrogate_it_cannot_encode():
+    """What the parser refuses can still come from an agent's own output:
+    rendered \\u-escaped (valid JSON) instead of a UnicodeEncodeError, with
+    the rest as it is (a non-finite number as unreadable)."""
+    from agent_protocol.views.base import EventStreamRenderer, StreamingView
+    from runs.api.parsers import SafeJSONRenderer
+
+    data = {"text": "x\ud800", "\udc00": [float("inf"), "\u00e9"]}
+    for renderer in (SafeJSONRenderer(), EventStreamRenderer()):
+        assert json.loads(renderer.render(data)) == {
+            "text": "x\ud800",
+            "\udc00": [{"unreadable": "not a finite number"}, "\u00e9"],
+        }
+    assert all(
+        issubclass(renderer, SafeJSONRenderer)
+        for renderer in StreamingView.renderer_classes
+    )
