@@ -900,8 +900,10 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         )
         return _LiveThread(pk, thread_id, cipher, bool(uses_delta))
 
-    def _thread_for_write(self, thread_id: str) -> _LiveThread:
+    def _thread_for_write(self, thread_id: str, *, delta: bool = False) -> _LiveThread:
         """The live thread a write goes to, locked; created if it never existed.
+        `delta`: the write stores a DeltaChannel, so the thread is marked as
+        using them (_mark_delta).
 
         Call inside the write's transaction.
         """
@@ -913,6 +915,12 @@ class DjangoSaver(BaseCheckpointSaver[str]):
             )
             if row is not None:
                 thread = self._live_thread(row)
+                if delta:
+                    # Its UPDATE before the run's lock, not after: a cancel
+                    # or a takeover locks the thread (FOR NO KEY UPDATE),
+                    # then the run; upgrading the thread's lock while
+                    # holding the run's would close a cycle with them.
+                    self._mark_delta(thread)
                 self._hold_lease(thread)
                 return thread
             if pinned[0] not in self._created_threads:
@@ -943,6 +951,8 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                 "thread; refusing a late write from the old one"
             )
         self._written_threads[thread_id] = (thread.pk, thread.cipher)
+        if delta:
+            self._mark_delta(thread)
         return thread
 
     def _hold_lease(self, thread: _LiveThread) -> None:
@@ -1119,7 +1129,7 @@ class DjangoSaver(BaseCheckpointSaver[str]):
         # Inside a caller's transaction, the rows may yet be rolled back.
         outer = connections[self.using].in_atomic_block
         with transaction.atomic(using=self.using):
-            thread = self._thread_for_write(thread_id)
+            thread = self._thread_for_write(thread_id, delta=plan.uses_delta)
             sealed = self._seal_put(thread.cipher, plan)
             if sealed.blobs:
                 ChannelBlob.objects.using(self.using).bulk_create(
@@ -1161,8 +1171,6 @@ class DjangoSaver(BaseCheckpointSaver[str]):
                     "blob_versions",
                 ],
             )
-            if plan.uses_delta:
-                self._mark_delta(thread)
         if outer:
             with self._heads_lock:
                 self._heads.pop((thread.pk, plan.ns), None)

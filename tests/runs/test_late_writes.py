@@ -149,6 +149,70 @@ def test_a_write_for_a_run_that_lost_its_lease_is_refused_on_sqlite():
     assert PendingWrite.objects.using("sqlite").filter(thread=thread).count() == 1
 
 
+@pytest.mark.parametrize("other", ["cancel", "takeover"])
+def test_a_first_delta_write_and_a_lock_of_thread_then_run_do_not_deadlock(other):
+    """A thread's first DeltaChannel checkpoint takes the transactional path,
+    which marks the thread (an UPDATE of its row). Done after the run's
+    lease lock (FOR SHARE), it closed a cycle with a cancel or a takeover's
+    claim, which lock the thread (FOR NO KEY UPDATE) and then the run: one
+    of the two was killed by Postgres's deadlock detection."""
+    thread, run = _running()
+    saver = _leased_saver(thread, run)
+    marking, go = threading.Event(), threading.Event()
+    mark = saver._mark_delta
+
+    def held_while_marking(live):
+        marking.set()
+        go.wait(10)
+        return mark(live)
+
+    saver._mark_delta = held_while_marking
+    errors = {}
+
+    def in_thread(name, work):
+        def target():
+            try:
+                work()
+            except Exception as error:  # reported by the assertion below
+                errors[name] = error
+            finally:
+                connection.close()
+
+        worker = threading.Thread(target=target)
+        worker.start()
+        return worker
+
+    def delta_put():
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"text": "x"}
+        checkpoint["channel_versions"] = {"text": saver.get_next_version(None, None)}
+        config = {"configurable": {"thread_id": "t-1", "checkpoint_ns": ""}}
+        metadata = {"source": "loop", "step": 0, "counters_since_delta_snapshot": {}}
+        saver.put(config, checkpoint, metadata, checkpoint["channel_versions"])
+
+    def lock_thread_then_run():
+        if other == "cancel":
+            services.run_cancel(
+                thread=Thread.objects.get(pk=thread.pk),
+                run=run,
+                actor=Actor.system("tests"),
+                action="interrupt",
+            )
+        else:
+            execution._claim_locked(run.pk, "w:2")
+
+    writer = in_thread("write", delta_put)
+    assert marking.wait(10)
+    locker = in_thread(other, lock_thread_then_run)
+    locker.join(0.5)  # let it take the thread's lock and wait for the run's
+    go.set()
+    writer.join(20)
+    locker.join(20)
+    assert not writer.is_alive() and not locker.is_alive()
+    assert errors == {}
+    assert Thread.objects.get(pk=thread.pk).uses_delta_channels
+
+
 def test_a_lease_that_ran_out_but_was_not_taken_still_writes():
     """The lease's token decides, as for the finish: a lease past its time
     that no claim took is still this worker's (it renews it, if it can)."""
