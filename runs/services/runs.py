@@ -291,7 +291,7 @@ def _make_room(thread: Thread, *, multitask: str, actor: Actor) -> bool:
             f"a run of thread {thread.thread_id} is queued or running; wait for it",
             code="run_in_progress",
         )
-    _refuse_cancelling_a_decision(thread, active)
+    _refuse_cancelling_a_decision(thread, active, action=multitask)
     for run in active:
         _cancel(run=run, thread=thread, actor=actor, action=multitask)
     return True
@@ -319,17 +319,28 @@ def _decision_resumes(thread: Thread, runs) -> list[Run]:
     return carrying
 
 
-def _refuse_cancelling_a_decision(thread: Thread, runs) -> None:
+def _refuse_cancelling_a_decision(thread: Thread, runs, *, action: str) -> None:
     """Nobody but the decision decides what happens at a gate: a run that
-    carries a decision to the agent is not cancelled, whether by another
-    run's multitask strategy or by a cancel (the request would read
-    approved or denied while the agent never saw it). The thread's deletion
-    still stops it (retention, run_cancel_active)."""
-    carrying = _decision_resumes(thread, runs)
+    carries a decision to the agent is not cancelled before the agent has it,
+    whether by another run's multitask strategy or by a cancel (the request
+    would read approved or denied while the agent never saw it), nor rolled
+    back after (its checkpoints deleted, the gate would wait again on a
+    request already settled). Once it runs, the agent has the decision (the
+    worker stops a run only after a step, and the first is the gate's), so
+    an `interrupt` stops it like any run: stopping an agent is always
+    possible. The thread's deletion stops it in any case (retention,
+    run_cancel_active)."""
+    guarded = [
+        run
+        for run in runs
+        if run.status == Run.Status.QUEUED or action == Run.CancelAction.ROLLBACK
+    ]
+    carrying = _decision_resumes(thread, guarded)
     if carrying:
         raise StateConflict(
             f"thread {thread.thread_id} is resuming a reviewer's decision (run "
-            f"{carrying[0].id}); wait for that run to end",
+            f"{carrying[0].id}); wait for that run to start (then it can be "
+            "interrupted, not rolled back) or to end",
             code="decision_resuming",
         )
 
@@ -637,7 +648,8 @@ def _cancel(*, run: Run, thread: Thread, actor: Actor, action: str) -> None:
 @transaction.atomic
 def run_cancel(*, thread: Thread, run: Run, actor: Actor, action: str) -> Run:
     """Cancel a queued or running run of the thread (see `_cancel`); a run
-    that carries a reviewer's decision is not (`decision_resuming`)."""
+    that carries a reviewer's decision only once it runs, and only with
+    `interrupt` (`decision_resuming`)."""
     if action not in Run.CancelAction.values:
         raise InvalidRequest(
             f"action must be one of {', '.join(Run.CancelAction.values)}",
@@ -651,7 +663,7 @@ def run_cancel(*, thread: Thread, run: Run, actor: Actor, action: str) -> Run:
         )
     if run.cancel_action:
         return run  # already being cancelled
-    _refuse_cancelling_a_decision(thread, [run])
+    _refuse_cancelling_a_decision(thread, [run], action=action)
     _cancel(run=run, thread=thread, actor=actor, action=action)
     return run
 

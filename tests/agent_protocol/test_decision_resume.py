@@ -1,12 +1,16 @@
-"""A run that carries a reviewer's decision to the agent is never cancelled by
-a client: not by another run's multitask strategy (`interrupt`, `rollback`),
-which threw the decision away and started over while the request still read
-approved, nor by a cancel. 409 `decision_resuming`; the thread's deletion
-still stops it."""
+"""A run that carries a reviewer's decision to the agent is not cancelled by
+a client before the agent has it: not by another run's multitask strategy
+(`interrupt`, `rollback`), which threw the decision away and started over
+while the request still read approved, nor by a cancel; nor rolled back
+once it runs. 409 `decision_resuming`. A running one can be interrupted;
+the thread's deletion stops it in any case."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from runs.models import Run, Thread
@@ -86,6 +90,54 @@ def test_a_cancel_of_a_decisions_resume_is_refused():
     assert many.status_code == 204, many.content
     resume.refresh_from_db()
     assert resume.status == Run.Status.QUEUED and not resume.cancel_action
+
+
+def _claimed(resume: Run) -> None:
+    """As a worker's claim leaves it: running under a lease."""
+    Run.objects.filter(pk=resume.pk).update(
+        status=Run.Status.RUNNING,
+        lease_owner="w:1",
+        lease_until=timezone.now() + timedelta(seconds=30),
+    )
+
+
+def test_a_running_decisions_resume_can_be_interrupted_not_rolled_back():
+    """Once it runs, the agent has the decision: stopping it is always
+    possible, by a cancel or another run's `interrupt`. A rollback would
+    delete what it wrote and leave the gate waiting on a settled request."""
+    approval, resume, client = _decided()
+    thread_id = approval.thread.thread_id
+    _claimed(resume)
+    cancel = f"/langgraph/threads/{thread_id}/runs/{resume.pk}/cancel"
+    refused = client.post(f"{cancel}?action=rollback")
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["code"] == "decision_resuming"
+    refused = client.post(
+        f"/langgraph/threads/{thread_id}/runs",
+        {"assistant_id": "refund", "input": REFUND_INPUT, "multitask_strategy": "rollback"},
+        format="json",
+    )  # fmt: skip
+    assert refused.status_code == 409, refused.content
+    resume.refresh_from_db()
+    assert not resume.cancel_action
+
+    stopped = client.post(f"{cancel}?action=interrupt")
+    assert stopped.status_code == 202, stopped.content
+    resume.refresh_from_db()
+    assert resume.cancel_action == Run.CancelAction.INTERRUPT
+
+
+def test_another_runs_interrupt_stops_a_running_decisions_resume():
+    approval, resume, client = _decided()
+    _claimed(resume)
+    started = client.post(
+        f"/langgraph/threads/{approval.thread.thread_id}/runs",
+        {"assistant_id": "refund", "input": REFUND_INPUT, "multitask_strategy": "interrupt"},
+        format="json",
+    )  # fmt: skip
+    assert started.status_code == 200, started.content
+    resume.refresh_from_db()
+    assert resume.cancel_action == Run.CancelAction.INTERRUPT
 
 
 def test_deleting_the_thread_still_stops_a_decisions_resume():
