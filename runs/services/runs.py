@@ -40,7 +40,7 @@ from runs.graphs import (
     spec_for,
     thread_config,
 )
-from runs.models import Run, Tenant, Thread
+from runs.models import Checkpoint, Run, Tenant, Thread
 from runs.services.threads import (
     latest_continuation_check,
     run_metadata,
@@ -325,24 +325,35 @@ def _refuse_cancelling_a_decision(thread: Thread, runs, *, action: str) -> None:
     whether by another run's multitask strategy or by a cancel (the request
     would read approved or denied while the agent never saw it), nor rolled
     back after (its checkpoints deleted, the gate would wait again on a
-    request already settled). Once it runs, the agent has the decision (the
-    worker stops a run only after a step, and the first is the gate's), so
-    an `interrupt` stops it like any run: stopping an agent is always
-    possible. The thread's deletion stops it in any case (retention,
+    request already settled). The agent has it once the run has written a
+    checkpoint: the first a resume writes is after the gate's step. Not when
+    it is merely running: a worker lost before that step leaves a cancelled
+    run recorded cancelled by the next claim, which never runs the graph; and
+    a run is stopped between stream parts, which may come before that step.
+    From then on `interrupt` stops it like any run: stopping an agent is
+    always possible. The thread's deletion stops it in any case (retention,
     run_cancel_active)."""
-    guarded = [
+    carrying = [
         run
-        for run in runs
-        if run.status == Run.Status.QUEUED or action == Run.CancelAction.ROLLBACK
+        for run in _decision_resumes(thread, runs)
+        if action == Run.CancelAction.ROLLBACK or not _has_checkpointed(thread, run)
     ]
-    carrying = _decision_resumes(thread, guarded)
     if carrying:
         raise StateConflict(
             f"thread {thread.thread_id} is resuming a reviewer's decision (run "
-            f"{carrying[0].id}); wait for that run to start (then it can be "
-            "interrupted, not rolled back) or to end",
+            f"{carrying[0].id}) that has not reached the agent yet; wait for "
+            "that run to take its first step (then it can be interrupted, not "
+            "rolled back) or to end",
             code="decision_resuming",
         )
+
+
+def _has_checkpointed(thread: Thread, run: Run) -> bool:
+    """Whether the run has written a checkpoint of the thread's graph (the
+    root namespace: a subgraph's is written before its parent's step ends)."""
+    return Checkpoint.objects.filter(
+        thread=thread, checkpoint_ns="", run_id=str(run.id)
+    ).exists()
 
 
 @transaction.atomic
@@ -648,8 +659,8 @@ def _cancel(*, run: Run, thread: Thread, actor: Actor, action: str) -> None:
 @transaction.atomic
 def run_cancel(*, thread: Thread, run: Run, actor: Actor, action: str) -> Run:
     """Cancel a queued or running run of the thread (see `_cancel`); a run
-    that carries a reviewer's decision only once it runs, and only with
-    `interrupt` (`decision_resuming`)."""
+    that carries a reviewer's decision only once it has written a
+    checkpoint, and only with `interrupt` (`decision_resuming`)."""
     if action not in Run.CancelAction.values:
         raise InvalidRequest(
             f"action must be one of {', '.join(Run.CancelAction.values)}",

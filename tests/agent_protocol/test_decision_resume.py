@@ -2,8 +2,9 @@
 a client before the agent has it: not by another run's multitask strategy
 (`interrupt`, `rollback`), which threw the decision away and started over
 while the request still read approved, nor by a cancel; nor rolled back
-once it runs. 409 `decision_resuming`. A running one can be interrupted;
-the thread's deletion stops it in any case."""
+once it has written a checkpoint (the gate's step). 409
+`decision_resuming`. One past its gate's step can be interrupted; the
+thread's deletion stops it in any case."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from langgraph.checkpoint.base import empty_checkpoint
 
 from approvals.models import ApprovalRequest
+from runs.checkpointer import DjangoSaver
+from runs.graphs import thread_config
 from runs.models import Run, Thread
 from tests.approvals.helpers import waiting_request
 from tests.factories import REFUND_INPUT, api_client, make_api_key, make_tenant
@@ -92,28 +96,58 @@ def test_a_cancel_of_a_decisions_resume_is_refused():
     assert resume.status == Run.Status.QUEUED and not resume.cancel_action
 
 
-def _claimed(resume: Run) -> None:
+def _claimed(resume: Run, *, lease_seconds: int = 30) -> None:
     """As a worker's claim leaves it: running under a lease."""
     Run.objects.filter(pk=resume.pk).update(
         status=Run.Status.RUNNING,
         lease_owner="w:1",
-        lease_until=timezone.now() + timedelta(seconds=30),
+        lease_until=timezone.now() + timedelta(seconds=lease_seconds),
     )
 
 
-def test_a_running_decisions_resume_can_be_interrupted_not_rolled_back():
-    """Once it runs, the agent has the decision: stopping it is always
-    possible, by a cancel or another run's `interrupt`. A rollback would
-    delete what it wrote and leave the gate waiting on a settled request."""
+def _gate_step_written(resume: Run) -> None:
+    """The resume's first checkpoint, as its worker writes it after the
+    gate's step: the agent has the decision."""
+    thread = Thread.objects.get(pk=resume.thread_id)
+    metadata = {"source": "loop", "step": 1, "run_id": str(resume.pk)}
+    DjangoSaver(tenant=thread.tenant).put(
+        thread_config(thread), empty_checkpoint(), metadata, {}
+    )
+
+
+def _cancel(client, resume: Run, action: str):
+    return client.post(
+        f"/langgraph/threads/{resume.thread.thread_id}/runs/{resume.pk}/cancel"
+        f"?action={action}"
+    )
+
+
+def test_a_running_decisions_resume_is_not_cancelled_before_its_gate_step():
+    """Running is not enough: a worker lost before the gate's step leaves a
+    cancelled run to the next claim, which records it cancelled without
+    running the graph: the decision would never reach the agent."""
     approval, resume, client = _decided()
-    thread_id = approval.thread.thread_id
+    _claimed(resume, lease_seconds=-1)  # its worker lost
+    refused = _cancel(client, resume, "interrupt")
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["code"] == "decision_resuming"
+    resume.refresh_from_db()
+    assert not resume.cancel_action
+
+
+def test_a_decisions_resume_past_its_gate_step_can_be_interrupted_not_rolled_back():
+    """Once it wrote a checkpoint the agent has the decision: stopping it is
+    always possible, by a cancel or another run's `interrupt`. A rollback
+    would delete what it wrote and leave the gate waiting on a settled
+    request."""
+    approval, resume, client = _decided()
     _claimed(resume)
-    cancel = f"/langgraph/threads/{thread_id}/runs/{resume.pk}/cancel"
-    refused = client.post(f"{cancel}?action=rollback")
+    _gate_step_written(resume)
+    refused = _cancel(client, resume, "rollback")
     assert refused.status_code == 409, refused.content
     assert refused.json()["code"] == "decision_resuming"
     refused = client.post(
-        f"/langgraph/threads/{thread_id}/runs",
+        f"/langgraph/threads/{approval.thread.thread_id}/runs",
         {"assistant_id": "refund", "input": REFUND_INPUT, "multitask_strategy": "rollback"},
         format="json",
     )  # fmt: skip
@@ -121,15 +155,22 @@ def test_a_running_decisions_resume_can_be_interrupted_not_rolled_back():
     resume.refresh_from_db()
     assert not resume.cancel_action
 
-    stopped = client.post(f"{cancel}?action=interrupt")
+    stopped = _cancel(client, resume, "interrupt")
     assert stopped.status_code == 202, stopped.content
     resume.refresh_from_db()
     assert resume.cancel_action == Run.CancelAction.INTERRUPT
 
 
-def test_another_runs_interrupt_stops_a_running_decisions_resume():
+def test_another_runs_interrupt_stops_a_decisions_resume_past_its_gate_step():
     approval, resume, client = _decided()
     _claimed(resume)
+    before_the_step = client.post(
+        f"/langgraph/threads/{approval.thread.thread_id}/runs",
+        {"assistant_id": "refund", "input": REFUND_INPUT, "multitask_strategy": "interrupt"},
+        format="json",
+    )  # fmt: skip
+    assert before_the_step.status_code == 409, before_the_step.content
+    _gate_step_written(resume)
     started = client.post(
         f"/langgraph/threads/{approval.thread.thread_id}/runs",
         {"assistant_id": "refund", "input": REFUND_INPUT, "multitask_strategy": "interrupt"},
