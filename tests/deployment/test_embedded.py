@@ -255,6 +255,7 @@ def test_each_documented_command_runs_with_nothing_typed_in_front(server):
         ["rotate_master_key"],
         ["agents_check"],
         ["threads_migrate", "--help"],
+        ["sqlmigrate", "runs", "0027"],
     ]:
         run(*command)
         ran.add(command[0])
