@@ -72,9 +72,14 @@ def _render(
     approval: ApprovalRequest,
     serializer_class=ApprovalSerializer,
     decisions: list | None = None,
+    *,
+    shown=None,
     **extra,
 ):
-    shown = approval_view(approval, decisions)
+    """The request as `serializer_class` shows it; `shown`: its
+    approval_view (the payload and decisions decrypted), if already made."""
+    if shown is None:
+        shown = approval_view(approval, decisions)
     data = {
         **{
             field: getattr(shown, field)
@@ -337,17 +342,18 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
                 args=body.get("args"),
                 plan=body.get("plan"),
             )
-        # The answer is rendered once the transaction committed (and sent the
-        # resumed run's task, runs.wakeups): from what the decision left in
-        # memory, no row read again, so nothing it shows could have changed;
-        # rendering first held the task back from its worker (~0.3 ms).
-        # With an Idempotency-Key the commit is the wrapper's, after this.
+            # Decrypted before the commit: what can fail in the answer (a
+            # key, a ciphertext) fails the decision with it, never a 500
+            # for a decision that was recorded, with its read, unseen.
+            shown = approval_view(approval, approval.decisions_now)
+        # The rest of the answer is made once the transaction committed (and
+        # sent the resumed run's task, runs.wakeups), from memory: no row
+        # read again, so nothing it shows could have changed; made first, it
+        # held the task back from its worker. With an Idempotency-Key the
+        # commit is the wrapper's, after this.
         resumed = {"run_id": run.id, "status": run.status} if run else None
         body = _render(
-            approval,
-            DecisionResultSerializer,
-            decisions=approval.decisions_now,
-            resumed_run=resumed,
+            approval, DecisionResultSerializer, shown=shown, resumed_run=resumed
         )
         # The answer shows the payload and the note: kept for a replay under
         # the thread's key, shredded with the thread.

@@ -53,6 +53,37 @@ def test_the_resumed_runs_task_is_sent_before_the_answer_is_rendered(
         assert order == [("rendered", None), ("sent", dispatch.EXECUTE_RUN)]
 
 
+def test_an_answer_that_cannot_be_decrypted_fails_the_decision_with_it(monkeypatch):
+    """Only the formatting of the answer waits for the commit: a failure to
+    decrypt what it shows (a key, a ciphertext) rolls the decision back,
+    never a 500 for a decision recorded, with its read, that nobody saw."""
+    from approvals.models import ApprovalRequest
+    from audit.models import AuditEvent
+    from runs.crypto import CryptoError
+    from runs.models import Run
+
+    def undecryptable(*args, **kwargs):
+        raise CryptoError("the thread's key cannot be unwrapped")
+
+    monkeypatch.setattr(views, "approval_view", undecryptable)
+    tenant = make_tenant()
+    approval = waiting_request(tenant)
+    _, secret = make_api_key(tenant, ["approvals"])
+    client = api_client(secret)
+    response = client.post(
+        f"/api/v1/approvals/{approval.pk}/decision",
+        {"approved": True, "reviewer": "ops"},
+        format="json",
+    )
+    assert response.status_code == 409, response.content  # as any CryptoError
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+    assert not Run.objects.filter(thread=approval.thread, kind=Run.Kind.RESUME).exists()
+    assert not AuditEvent.objects.filter(
+        tenant=tenant, kind__in=["approval.decided", "approval.read"]
+    ).exists()
+
+
 def test_the_request_is_locked_and_its_decisions_read_in_one_round_trip(tmp_path):
     tenant = make_tenant()
     approval = waiting_request(tenant)
