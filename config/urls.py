@@ -15,8 +15,11 @@ api_v1 = [
     path(
         "docs",
         # The split view serves its start-up script as a file: the CSP allows
-        # no inline script.
-        SpectacularSwaggerSplitView.as_view(url_name="schema", permission_classes=[]),
+        # no inline script. A page, not an API: no OPTIONS, whose metadata
+        # answer its HTML renderer has no template for (a 500).
+        SpectacularSwaggerSplitView.as_view(
+            url_name="schema", permission_classes=[], http_method_names=["get", "head"]
+        ),
         name="api-docs",
     ),
 ]

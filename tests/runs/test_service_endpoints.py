@@ -56,3 +56,14 @@ def test_docs_page_loads_no_third_party_assets():
     assert "swagger-ui" in html
     assert "cdn" not in html.lower()
     assert "https://" not in html
+
+
+@pytest.mark.parametrize("method", ["options", "post", "delete"])
+def test_the_docs_page_answers_only_get_and_head(method):
+    """OPTIONS was DRF's metadata answer, which the page's HTML renderer has
+    no template for: a 500 for anyone, no credentials needed."""
+    client = api_client()
+    client.raise_request_exception = False
+    response = getattr(client, method)("/api/v1/docs")
+    assert response.status_code == 405
+    assert client.head("/api/v1/docs").status_code == 200
