@@ -25,8 +25,8 @@ from langgraph.pregel import Pregel
 from runs.actions import GatedAction, declared_actions
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
-_KEY_RE = re.compile(rf"^(?P<name>{_NAME})@(?P<version>{_NAME})$")
-_TARGET_RE = re.compile(r"^(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_]\w*)$")
+_KEY_RE = re.compile(rf"(?P<name>{_NAME})@(?P<version>{_NAME})")
+_TARGET_RE = re.compile(r"(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_]\w*)")
 
 
 class UnknownAgent(LookupError):
@@ -135,8 +135,8 @@ def _entrypoint_function(graph: Pregel) -> Callable:
 
 
 def _parse(key: str, target: str, *, draining: set[str], source: str) -> AgentSpec:
-    key_match = _KEY_RE.match(key.strip())
-    target_match = _TARGET_RE.match(target.strip())
+    key_match = _KEY_RE.fullmatch(key.strip())
+    target_match = _TARGET_RE.fullmatch(target.strip())
     if not key_match or not target_match:
         raise ImproperlyConfigured(
             f"{source}: {key}={target!r} is not name@version=package.module:factory"

@@ -85,6 +85,19 @@ def test_a_session_api_write_still_needs_its_csrf_token():
     assert "CSRF" in response.json()["message"]
 
 
+@pytest.mark.parametrize("junk", ["Bearer junk", "Bearer gh_x.y", "Bearer "])
+def test_a_session_write_with_a_junk_key_is_refused_not_let_in_by_the_session(junk):
+    """A logged-in browser that also sends a key header, without a CSRF
+    token: the key decides (401), the session never stands in for it."""
+    membership = make_member(make_tenant(), role="tenant_admin")
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(membership.user)
+    response = client.post(
+        "/api/v1/threads", {"agent": "refund"}, format="json", HTTP_AUTHORIZATION=junk
+    )
+    assert response.status_code == 401, response.content
+
+
 def test_a_bearer_header_outside_the_apis_changes_nothing(entered, client):
     """The admin with an Authorization header: session, CSRF and the rest."""
     make_superuser(username="root", password="pw-for-tests-only")
