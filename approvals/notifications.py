@@ -60,8 +60,8 @@ class Notice:
     recipients: tuple[str, ...]  # each gets a message of their own
     # The user each recipient is, in the same order, and the roles the
     # notice is for (ApprovalNotice.user, .roles).
-    users: tuple[int, ...] = ()
-    roles: tuple[str, ...] = ()
+    users: tuple[int, ...]
+    roles: tuple[str, ...]
 
 
 def card_link(approval: ApprovalRequest) -> str:

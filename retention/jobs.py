@@ -477,9 +477,7 @@ def purge_idempotency_records(sweep: Sweep) -> SweepResult:
     what happened (the audit trail and the thread's own rows are).
     """
     result = SweepResult()
-    expired = IdempotencyRecord.objects.filter(
-        created_at__lt=sweep.now - settings.GATEHOUSE_IDEMPOTENCY_TTL
-    )
+    expired = IdempotencyRecord.objects.filter(IdempotencyRecord.expired(sweep.now))
     if sweep.dry_run:
         for tenant_id, slug, rows in (
             expired.values("tenant_id")

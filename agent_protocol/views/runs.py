@@ -285,7 +285,7 @@ class RunsCancelView(ProtocolView):
                     thread=run.thread, run=run, actor=actor_for(request), action=action
                 )
             except StateConflict:
-                continue  # ended meanwhile
+                continue  # ended meanwhile, or it carries a reviewer's decision
         return no_content()
 
 

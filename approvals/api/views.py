@@ -71,7 +71,6 @@ _LOCKED_REQUEST = FixedQuery(
 def _render(
     approval: ApprovalRequest,
     serializer_class=ApprovalSerializer,
-    decisions: list | None = None,
     *,
     shown=None,
     **extra,
@@ -79,7 +78,7 @@ def _render(
     """The request as `serializer_class` shows it; `shown`: its
     approval_view (the payload and decisions decrypted), if already made."""
     if shown is None:
-        shown = approval_view(approval, decisions)
+        shown = approval_view(approval)
     data = {
         **{
             field: getattr(shown, field)
@@ -334,7 +333,7 @@ class ApprovalDecisionView(IdempotentWrites, APIView):
             approval, run = approval_decide(
                 approval=approval,
                 already_locked=locked,
-                decisions=decisions if locked else None,
+                decisions=decisions,
                 read_by=actor_for(request),
                 reviewer=reviewer,
                 approved=body["approved"],

@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 import json
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
@@ -134,8 +133,7 @@ def _reserve(
 ) -> IdempotencyRecord | None:
     """Reserve the key; None when it was already reserved (a repeat)."""
     records = IdempotencyRecord.objects.for_tenant(tenant).filter(key=key)
-    expired_before = timezone.now() - settings.GATEHOUSE_IDEMPOTENCY_TTL
-    records.filter(created_at__lt=expired_before).delete()
+    records.filter(IdempotencyRecord.expired(timezone.now())).delete()
     if records.filter(owner=_UNOWNED).exists():
         raise StateConflict(
             "That Idempotency-Key was used before an upgrade; use a new key.",
@@ -241,12 +239,13 @@ def idempotent(view_method):
                 response = view_method(view, request, *args, **kwargs)
                 _store(record, response, getattr(request, _SHOWN_THREAD, None))
                 return response
+        replayed = getattr(view, "idempotent_replayed", None)
+        if replayed is None:
+            return _replay(tenant=tenant, owner=owner, key=key, digest=digest)
         with transaction.atomic():
             response = _replay(tenant=tenant, owner=owner, key=key, digest=digest)
-            replayed = getattr(view, "idempotent_replayed", None)
-            if replayed is not None:
-                # The read it shows again, audited in this transaction.
-                replayed(request, *args, **kwargs)
+            # The read it shows again, audited in this transaction.
+            replayed(request, *args, **kwargs)
         return response
 
     wrapper.idempotent = True

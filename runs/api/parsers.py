@@ -114,8 +114,8 @@ def _shown(key: str) -> str:
 
 
 def lone_surrogate(data: Any) -> str | None:
-    """Where in `data` the first string or key holding a lone surrogate is,
-    or None."""
+    """Where in `data` a string or key holding a lone surrogate is (one of
+    them, if several), or None."""
     stack = [(data, "")]
     while stack:
         value, path = stack.pop()

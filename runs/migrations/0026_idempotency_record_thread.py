@@ -5,7 +5,7 @@ Django's AddField would add the column with its constraint inline (`ADD
 COLUMN ... REFERENCES runs_thread`, SHARE ROW EXCLUSIVE on runs_thread) and
 build its index with a plain CREATE INDEX in the same transaction, holding
 that lock, and ACCESS EXCLUSIVE on runs_idempotencyrecord, for the whole
-build: with 3M records, 2.7 s during which every run's claim and finish
+build: with 3M records, 1.5-2.7 s during which every run's claim and finish
 (an UPDATE of runs_thread) waited. On Postgres this migration adds only the
 nullable column (a catalog change that locks nothing but this table, for no
 longer than that change); 0027 (not atomic) builds the index CONCURRENTLY

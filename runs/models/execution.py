@@ -152,7 +152,9 @@ class Run(models.Model):
     # `lease_owner` (a token new at every claim, runs.execution). Whatever the
     # worker writes for the run checks this, with the row locked, in the
     # statement or transaction that writes: the renewal, the compensation's
-    # start, the finish, and the checkpoint store's writes (LEASE_HELD_SQL).
+    # start, the finish (held_by; its one-statement success, in
+    # runs.execution, states the same condition in its own SQL), and the
+    # checkpoint store's writes (LEASE_HELD_SQL).
 
     @classmethod
     def held(cls, run_id, owner: str) -> models.QuerySet:

@@ -239,6 +239,12 @@ class IdempotencyRecord(models.Model):
     def __str__(self) -> str:
         return f"{self.method} {self.path} [{self.key}]"
 
+    @staticmethod
+    def expired(now) -> Q:
+        """Records past GATEHOUSE_IDEMPOTENCY_TTL at `now`: a repeat of their
+        key is new work, so they serve nothing (runs.api.idempotency)."""
+        return Q(created_at__lt=now - settings.GATEHOUSE_IDEMPOTENCY_TTL)
+
 
 class KeyCacheStore(models.Model):
     """A shared cache (Redis) in which web processes keep the API keys they

@@ -1,10 +1,9 @@
 """A run that carries a reviewer's decision to the agent is not cancelled by
 a client before the agent has it: not by another run's multitask strategy
 (`interrupt`, `rollback`), which threw the decision away and started over
-while the request still read approved, nor by a cancel; nor rolled back
-once it has written a checkpoint (the gate's step). 409
-`decision_resuming`. One past its gate's step can be interrupted; the
-thread's deletion stops it in any case."""
+while the request still read approved, nor by a cancel; nor ever rolled
+back. 409 `decision_resuming`. One past its gate's step (its first
+checkpoint) can be interrupted; the thread's deletion stops it in any case."""
 
 from __future__ import annotations
 
