@@ -35,4 +35,5 @@ urlpatterns = [
     path("readyz", health.ReadyView.as_view(), name="readyz"),
 ]
 
+handler400 = "runs.api.errors.bad_request"
 handler500 = "runs.api.errors.server_error"

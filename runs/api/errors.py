@@ -207,6 +207,16 @@ class OutageMiddleware(MiddlewareMixin):
         return None
 
 
+def bad_request(request, exception=None, *args, **kwargs):
+    """Django's 400 handler (a request it refuses before any view: a Host
+    header that is empty or not allowed, a cookie or header it cannot
+    parse): JSON under the APIs, as every other refusal there, the usual
+    page elsewhere."""
+    if request.path.startswith(JSON_API_PREFIXES):
+        return json_error(request, "bad_request", "The request is malformed.", 400)
+    return defaults.bad_request(request, exception)
+
+
 def server_error(request, *args, **kwargs):
     """Django's 500 handler: JSON under the APIs, the usual page elsewhere;
     503 when the fault is an outage raised outside a view (a middleware

@@ -67,3 +67,20 @@ def test_the_docs_page_answers_only_get_and_head(method):
     response = getattr(client, method)("/api/v1/docs")
     assert response.status_code == 405
     assert client.head("/api/v1/docs").status_code == 200
+
+
+@pytest.mark.parametrize("host", ["", "evil.example", "["])
+def test_a_refused_host_is_the_apis_json_400_under_the_apis(host):
+    """Django refuses a Host header it does not allow (empty, unknown, not a
+    host) before any view, through its 400 handler: under the APIs that is
+    the API's error body, as every other refusal there (schemathesis sent an
+    empty one and got an HTML page)."""
+    client = api_client()
+    for path in ("/api/v1/threads", "/langgraph/threads/search"):
+        response = client.get(path, HTTP_HOST=host)
+        assert response.status_code == 400, (path, response.content)
+        assert response["Content-Type"] == "application/json", path
+        assert response.json()["code"] == "bad_request"
+    page = client.get("/admin/login/", HTTP_HOST=host)
+    assert page.status_code == 400
+    assert page["Content-Type"].startswith("text/html")
