@@ -47,6 +47,11 @@ def every_scope(db, settings):
     suppress_health_check=list(HealthCheck),
 )
 def test_no_input_reaches_a_server_error(case, every_scope):
+    # A generated Host header ("[", say) fails in `requests` itself, before
+    # anything is sent (its cookie jar parses the URL with it); what the
+    # server does with a bad Host is tested in test_service_endpoints.
+    if case.headers:
+        case.headers = {k: v for k, v in case.headers.items() if k.lower() != "host"}
     with transaction.atomic():
         response = case.call(headers=every_scope)
         transaction.set_rollback(True)
