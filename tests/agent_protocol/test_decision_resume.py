@@ -46,15 +46,7 @@ def test_a_multitask_run_does_not_cancel_a_decisions_resume(strategy, approved):
     approval, resume, client = _decided(approved)
     thread_id = approval.thread.thread_id
     runs_before = Run.objects.filter(thread=approval.thread).count()
-    refused = client.post(
-        f"/langgraph/threads/{thread_id}/runs",
-        {
-            "assistant_id": "refund",
-            "input": REFUND_INPUT,
-            "multitask_strategy": strategy,
-        },
-        format="json",
-    )
+    refused = _start(client, thread_id, strategy)
     assert refused.status_code == 409, refused.content
     assert refused.json()["code"] == "decision_resuming"
     assert "decision" in refused.json()["message"]
@@ -63,15 +55,7 @@ def test_a_multitask_run_does_not_cancel_a_decisions_resume(strategy, approved):
     assert Run.objects.filter(thread=approval.thread).count() == runs_before
     assert Thread.objects.get(pk=approval.thread_id).status == Thread.Status.RUNNING
     # Queued behind it, the new run waits for the decision to reach the agent.
-    queued = client.post(
-        f"/langgraph/threads/{thread_id}/runs",
-        {
-            "assistant_id": "refund",
-            "input": REFUND_INPUT,
-            "multitask_strategy": "enqueue",
-        },
-        format="json",
-    )
+    queued = _start(client, thread_id, "enqueue")
     assert queued.status_code == 200, queued.content
     resume.refresh_from_db()
     assert resume.status == Run.Status.QUEUED
@@ -93,6 +77,15 @@ def test_a_cancel_of_a_decisions_resume_is_refused():
     assert many.status_code == 204, many.content
     resume.refresh_from_db()
     assert resume.status == Run.Status.QUEUED and not resume.cancel_action
+
+
+def _start(client, thread_id: str, strategy: str):
+    """A new run on the thread, with a multitask strategy for its active runs."""
+    return client.post(
+        f"/langgraph/threads/{thread_id}/runs",
+        {"assistant_id": "refund", "input": REFUND_INPUT, "multitask_strategy": strategy},
+        format="json",
+    )
 
 
 def _claimed(resume: Run, *, lease_seconds: int = 30) -> None:
@@ -145,11 +138,7 @@ def test_a_decisions_resume_past_its_gate_step_can_be_interrupted_not_rolled_bac
     refused = _cancel(client, resume, "rollback")
     assert refused.status_code == 409, refused.content
     assert refused.json()["code"] == "decision_resuming"
-    refused = client.post(
-        f"/langgraph/threads/{approval.thread.thread_id}/runs",
-        {"assistant_id": "refund", "input": REFUND_INPUT, "multitask_strategy": "rollback"},
-        format="json",
-    )  # fmt: skip
+    refused = _start(client, approval.thread.thread_id, "rollback")
     assert refused.status_code == 409, refused.content
     resume.refresh_from_db()
     assert not resume.cancel_action
@@ -163,18 +152,10 @@ def test_a_decisions_resume_past_its_gate_step_can_be_interrupted_not_rolled_bac
 def test_another_runs_interrupt_stops_a_decisions_resume_past_its_gate_step():
     approval, resume, client = _decided()
     _claimed(resume)
-    before_the_step = client.post(
-        f"/langgraph/threads/{approval.thread.thread_id}/runs",
-        {"assistant_id": "refund", "input": REFUND_INPUT, "multitask_strategy": "interrupt"},
-        format="json",
-    )  # fmt: skip
+    before_the_step = _start(client, approval.thread.thread_id, "interrupt")
     assert before_the_step.status_code == 409, before_the_step.content
     _gate_step_written(resume)
-    started = client.post(
-        f"/langgraph/threads/{approval.thread.thread_id}/runs",
-        {"assistant_id": "refund", "input": REFUND_INPUT, "multitask_strategy": "interrupt"},
-        format="json",
-    )  # fmt: skip
+    started = _start(client, approval.thread.thread_id, "interrupt")
     assert started.status_code == 200, started.content
     resume.refresh_from_db()
     assert resume.cancel_action == Run.CancelAction.INTERRUPT
